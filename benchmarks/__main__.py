@@ -1,0 +1,55 @@
+"""Run benchmarks: ``python -m benchmarks [--quick] [NAME...]``.
+
+Each NAME is a module in this folder with a ``run(quick: bool) -> harness.Report`` function
+(``pfor_autobatch``, ``tc_cpu``, ...); with no NAME every such module runs.  Tables go to
+stdout; JSON and PNG go to ``benchmarks/results/``.
+"""
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_HERE = Path(__file__).resolve().parent
+_NOT_BENCHMARKS = {"harness", "__main__"}
+
+
+def available() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules([str(_HERE)])
+                  if m.name not in _NOT_BENCHMARKS and not m.name.startswith("_"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small sizes and few repeats")
+    ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {available()}")
+    args = ap.parse_args(argv)
+    names = args.names or available()
+    unknown = sorted(set(names) - set(available()))
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; available: {available()}")
+    failed = []
+    for name in names:
+        print(f"\n## {name}{' (quick)' if args.quick else ''}\n", flush=True)
+        try:
+            report = importlib.import_module(f"benchmarks.{name}").run(quick=args.quick)
+        except Exception:  # one broken benchmark must not hide the others' numbers
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        print(report.table())
+        if report.notes:
+            print("\n" + report.notes)
+        jpath, ppath = report.save()
+        print(f"\nwrote {jpath.relative_to(_HERE.parent)}"
+              + (f" and {ppath.relative_to(_HERE.parent)}" if ppath else ""), flush=True)
+    if failed:
+        print(f"\nFAILED: {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""tfx_vec: TensorFlow plugins that make single-example code run batched, compiled and fast."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_VERSION = re.search(
+    r'__version__ = "([^"]+)"', Path(__file__).with_name("tfx_vec").joinpath("__init__.py").read_text()
+).group(1)
+
+# Tested set (2026-11): tensorflow 2.21.0, tensorflow-probability 0.25.0, tf-keras 2.21.0,
+# gast 0.7.0, islpy 2026.2.2, numpy 2.x, Python 3.11.  The ranges below are the ones we
+# believe work; the lower bounds are where the APIs we use appeared.
+_INSTALL = [
+    "tensorflow>=2.16,<2.23",
+    "tensorflow-probability>=0.24,<0.27",
+    "tf-keras>=2.16,<2.23",
+    "gast>=0.5.3",
+    "islpy>=2024.1",
+    "numpy>=1.26",
+]
+_TEST = ["pytest>=7", "hypothesis>=6.80", "scipy>=1.10"]
+_BENCH = ["matplotlib>=3.7", "tqdm>=4.60"]
+
+setup(
+    name="tfx_vec",
+    version=_VERSION,
+    description=__doc__,
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["tfx_vec", "tfx_vec.*"]),
+    install_requires=_INSTALL,
+    extras_require={
+        "test": _TEST,
+        "bench": _BENCH,
+        # pycuda only builds where a CUDA driver (libcuda) is installed; imported lazily.
+        "cuda": ["pycuda>=2022.1"],
+        "opencl": ["pyopencl>=2023.1"],
+    },
+)

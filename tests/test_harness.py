@@ -1,0 +1,25 @@
+import json
+
+from benchmarks.harness import Report, time_fn
+
+
+def test_time_fn_counts_repeats():
+    calls = []
+    t = time_fn(lambda: calls.append(1), repeats=4, warmup=2, inner=3)
+    assert len(calls) == 2 + 4 * 3
+    assert t.repeats == 4 and t.min <= t.median <= t.max
+
+
+def test_report_ratio_and_table(tmp_path):
+    r = Report("unit", unit="ms", ours="us")
+    r.add("case", "us", 2.0)
+    r.add("case", "peer", 6.0)
+    assert r.ratio("case", "peer") == 3.0          # 3x faster than the peer
+    t = Report("thr", unit="items/s", ours="us", higher_is_better=True)
+    t.add("c", "us", 10.0)
+    t.add("c", "peer", 5.0)
+    assert t.ratio("c", "peer") == 2.0
+    assert "3.00x" in r.table()
+    jpath, _ = r.save(tmp_path)
+    data = json.loads(jpath.read_text())
+    assert data["ratios"]["case"]["peer"] == 3.0

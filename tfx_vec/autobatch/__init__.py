@@ -1,0 +1,1 @@
+"""tfx_vec.autobatch (see README.md)."""

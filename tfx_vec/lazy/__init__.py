@@ -1,0 +1,1 @@
+"""tfx_vec.lazy (see README.md)."""

@@ -1,0 +1,1 @@
+"""tfx_vec.tc_ops (see README.md)."""
