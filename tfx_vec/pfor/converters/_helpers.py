@@ -1,0 +1,289 @@
+"""Family helpers and small utilities shared by every converter module.
+
+Families (each registers one converter for many op types):
+
+- :func:`elementwise` — unary ops that work on any shape: re-emit the op on the stacked input.
+- :func:`broadcasting` — n-ary ops with NumPy broadcasting: give every stacked input the same
+  rank (singleton axes after the batch axis) and re-emit; loop-invariant inputs are never tiled.
+- :func:`same_shape` — n-ary ops whose inputs must have equal shapes (AddN): tile as needed.
+- :func:`reduction` — ops with an ``axis`` input: shift non-negative axes past the batch axis.
+
+Utilities: :func:`create_op_like` (re-emit an op with new inputs, copying its attrs),
+:func:`shift_axis`, :func:`expand_after_batch`, :func:`fold_batch` / :func:`unfold_batch`
+(``[n, a, ...] <-> [n*a, ...]``), :func:`static_rank`, :func:`static_value`.
+
+Example:
+    >>> import tfx_vec.pfor.converters._helpers as h
+    >>> h.shift_axis(2).tolist(), h.shift_axis(-1).tolist()
+    (3, -1)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import execute
+from tensorflow.python.framework import ops as tf_ops
+
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+
+# {{{ re-emitting ops
+
+def copy_functions(op: tf.Operation, graph: tf.Graph | None = None) -> None:
+    """Make every function named in ``op``'s attrs available in ``graph`` (default graph)."""
+    graph = graph or tf_ops.get_default_graph()
+    names = []
+    for value in op.node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        if value.HasField("list"):
+            names.extend(f.name for f in value.list.func)
+    for name in names:
+        if graph._is_function(name):  # pylint: disable=protected-access
+            continue
+        g = op.graph
+        fn = None
+        while g is not None and fn is None:
+            fn = g._get_function(name)  # pylint: disable=protected-access
+            g = getattr(g, "outer_graph", None)
+        if fn is not None:
+            graph._add_function_recursive(fn)  # pylint: disable=protected-access
+
+
+def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: str | None = None,
+                   dtypes: Sequence[tf.DType] | None = None,
+                   attrs: dict[str, Any] | None = None,
+                   drop_attrs: Sequence[str] = ()) -> list[tf.Tensor]:
+    """Emit an op like ``op`` (same type and attrs unless overridden) on ``inputs``.
+
+    ``attrs`` values may be AttrValue protos or plain Python values (converted through
+    ``attr_value``).  Returns the new op's outputs.
+    """
+    graph = tf_ops.get_default_graph()
+    copy_functions(op, graph)
+    new_attrs = {k: v for k, v in op.node_def.attr.items()
+                 if k not in drop_attrs and not k.startswith("_")}
+    for k, v in (attrs or {}).items():
+        new_attrs[k] = v if hasattr(v, "SerializeToString") else attr_value(v)
+    op_type = op_type or op.type
+    dtypes = list(dtypes) if dtypes is not None else [o.dtype for o in op.outputs]
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    new_op = graph.create_op(op_type, inputs, dtypes, attrs=new_attrs,
+                             name=op.name.rsplit("/", 1)[-1], compute_device=True)
+    flat = []
+    for name in new_attrs:
+        flat.extend([name, new_op.get_attr(name)])
+    execute.record_gradient(op_type, new_op.inputs, tuple(flat), new_op.outputs[:])
+    return list(new_op.outputs)
+
+
+def attr_value(v: Any):
+    """A Python value as an AttrValue proto (bool, int, float, str/bytes, DType, lists)."""
+    from tensorflow.core.framework import attr_value_pb2
+    a = attr_value_pb2.AttrValue()
+    if isinstance(v, bool):
+        a.b = v
+    elif isinstance(v, (int, np.integer)):
+        a.i = int(v)
+    elif isinstance(v, float):
+        a.f = v
+    elif isinstance(v, tf.DType):
+        a.type = v.as_datatype_enum
+    elif isinstance(v, (str, bytes)):
+        a.s = v.encode() if isinstance(v, str) else v
+    elif isinstance(v, (list, tuple)):
+        if all(isinstance(e, tf.DType) for e in v) and v:
+            a.list.type.extend(e.as_datatype_enum for e in v)
+        elif all(isinstance(e, (int, np.integer)) for e in v):
+            a.list.i.extend(int(e) for e in v)
+        elif all(isinstance(e, float) for e in v):
+            a.list.f.extend(v)
+        else:
+            a.list.s.extend(e.encode() if isinstance(e, str) else e for e in v)
+    else:
+        raise TypeError(f"cannot convert {v!r} to an AttrValue")
+    return a
+
+
+def stacked(*tensors: tf.Tensor) -> list[WrappedTensor]:
+    """Wrap every tensor as stacked."""
+    return [WrappedTensor(t, True) for t in tensors]
+
+
+def reemit_stacked(x: ConversionInput, inputs: Sequence[tf.Tensor], **kw) -> list[WrappedTensor]:
+    """Re-emit ``x.op`` on ``inputs``; every output is stacked."""
+    return stacked(*create_op_like(x.op, inputs, **kw))
+
+# }}}
+
+
+# {{{ shapes and axes
+
+def static_rank(t: tf.Tensor) -> int | None:
+    return t.shape.rank
+
+
+def static_value(t: tf.Tensor) -> np.ndarray | None:
+    """The constant value of ``t`` if TF can compute it at graph-construction time."""
+    try:
+        return tf.get_static_value(t)
+    except (TypeError, ValueError):
+        return None
+
+
+def shape_list(t: tf.Tensor) -> list:
+    """Static dims where known, scalar tensors elsewhere (rank must be known)."""
+    static = t.shape.as_list()
+    dynamic = tf.shape(t)
+    return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
+
+
+def shift_axis(axis: tf.Tensor | int, rank: int | None = None, by: int = 1):
+    """Renumber per-iteration axes for a value with ``by`` leading batch axes.
+
+    Non-negative axes move right by ``by``; negative ones count from the end and stay.  A
+    constant axis gives a constant (Python/NumPy) result so XLA sees a compile-time constant.
+    """
+    value = axis if isinstance(axis, (int, np.integer, list, tuple)) else static_value(axis)
+    if value is not None:
+        arr = np.asarray(value)
+        out = np.where(arr >= 0, arr + by, arr).astype(
+            arr.dtype if arr.dtype.kind == "i" else np.int32)
+        return out
+    axis = tf.convert_to_tensor(axis)
+    return tf.where(axis >= 0, axis + tf.cast(by, axis.dtype), axis)
+
+
+def normalize_axis(axis, rank: int):
+    """Per-iteration axes as non-negative Python ints (axis must be constant)."""
+    value = static_value(axis) if isinstance(axis, tf.Tensor) else axis
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    return np.where(arr < 0, arr + rank, arr)
+
+
+def expand_after_batch(t: tf.Tensor, k: int) -> tf.Tensor:
+    """Insert ``k`` singleton axes after the batch axis: ``[n, *s] -> [n, 1.., *s]``."""
+    if k <= 0:
+        return t
+    shape = tf.shape(t)
+    new_shape = tf.concat([shape[:1], tf.ones([k], tf.int32), shape[1:]], 0)
+    out = tf.reshape(t, new_shape)
+    if t.shape.rank is not None:
+        out.set_shape(t.shape[:1].concatenate([1] * k).concatenate(t.shape[1:]))
+    return out
+
+
+def fold_batch(t: tf.Tensor, k: int = 1) -> tuple[tf.Tensor, tf.Tensor]:
+    """``[n, a1..ak, *rest] -> [n*a1*..*ak, *rest]``; returns it and the folded leading shape."""
+    shape = tf.shape(t)
+    lead = shape[:k + 1]
+    flat = tf.reshape(t, tf.concat([[-1], shape[k + 1:]], 0))
+    if t.shape.rank is not None:
+        dims = t.shape.as_list()
+        n = None if any(d is None for d in dims[:k + 1]) else int(np.prod(dims[:k + 1]))
+        flat.set_shape([n] + dims[k + 1:])
+    return flat, lead
+
+
+def unfold_batch(t: tf.Tensor, lead: tf.Tensor, lead_static: Sequence[int | None] = None
+                 ) -> tf.Tensor:
+    """Inverse of :func:`fold_batch`: ``[N, *rest] -> [*lead, *rest]``."""
+    out = tf.reshape(t, tf.concat([lead, tf.shape(t)[1:]], 0))
+    if lead_static is not None and t.shape.rank is not None:
+        out.set_shape(list(lead_static) + t.shape.as_list()[1:])
+    return out
+
+
+def move_axis(t: tf.Tensor, src: int, dst: int) -> tf.Tensor:
+    """Move axis ``src`` to ``dst`` (ranks must be known)."""
+    rank = t.shape.rank
+    src, dst = src % rank, dst % rank
+    if src == dst:
+        return t
+    perm = [i for i in range(rank) if i != src]
+    perm.insert(dst, src)
+    return tf.transpose(t, perm)
+
+
+def per_iteration_rank(w: WrappedTensor) -> int | None:
+    r = w.t.shape.rank
+    if r is None:
+        return None
+    return r - 1 if w.is_stacked else r
+
+# }}}
+
+
+# {{{ families
+
+def elementwise(*op_types: str) -> None:
+    """Register unary ops that act on each element independently."""
+
+    @register_converter(*op_types)
+    def _elementwise(x: ConversionInput):
+        return reemit_stacked(x, [w.t for w in x.inputs])
+
+
+def align_ranks(x: ConversionInput, indices: Sequence[int] | None = None) -> list[tf.Tensor]:
+    """Inputs ready for a broadcasting op: stacked ones get equal ranks, invariant ones untouched.
+
+    Per iteration the inputs broadcast from the right.  A stacked ``[n, *s]`` value needs
+    ``max_rank - len(s)`` singleton axes after the batch axis; a loop-invariant value of any
+    rank <= max_rank already broadcasts correctly against ``[n, ...]``.
+    """
+    idx = list(range(len(x.inputs))) if indices is None else list(indices)
+    ranks = [per_iteration_rank(x.inputs[i]) for i in idx]
+    if any(r is None for r in ranks):
+        return None
+    max_rank = max(ranks)
+    out = []
+    for i, r in zip(idx, ranks):
+        w = x.inputs[i]
+        out.append(expand_after_batch(w.t, max_rank - r) if w.is_stacked else w.t)
+    return out
+
+
+def broadcasting(*op_types: str) -> None:
+    """Register n-ary ops with NumPy-style broadcasting of all inputs."""
+
+    @register_converter(*op_types)
+    def _broadcasting(x: ConversionInput):
+        aligned = align_ranks(x)
+        if aligned is None:
+            return None
+        return reemit_stacked(x, aligned)
+
+
+def same_shape(*op_types: str) -> None:
+    """Register n-ary ops whose inputs must all have the same shape: tile invariant ones."""
+
+    @register_converter(*op_types)
+    def _same_shape(x: ConversionInput):
+        return reemit_stacked(x, [x.stacked_input(i) for i in range(len(x.inputs))])
+
+
+def reduction(*op_types: str, axis_input: int = 1) -> None:
+    """Register ops reducing/scanning input 0 over the axes given by input ``axis_input``."""
+
+    @register_converter(*op_types)
+    def _reduction(x: ConversionInput):
+        if x.is_stacked(axis_input):
+            return None
+        if not x.is_stacked(0):
+            return None
+        inputs = [w.t for w in x.inputs]
+        axis = shift_axis(inputs[axis_input])
+        inputs[axis_input] = tf.constant(axis) if isinstance(axis, np.ndarray) else axis
+        return reemit_stacked(x, inputs)
+
+# }}}
+
+
+def loop_len_static(x: ConversionInput) -> int | None:
+    """The number of iterations if it is known when the graph is built."""
+    v = static_value(x.loop_len)
+    return None if v is None else int(v)
