@@ -1,1 +1,8 @@
-"""tfx_vec.tc_ops (see README.md)."""
+"""tfx_vec.tc_ops: Tensor Comprehensions compiled through isl to C/OpenMP (and, via T2's
+backends, CUDA/OpenCL).  See README.md, section tc_ops.
+"""
+from .errors import (Span, TcBackendError, TcCompileError, TcError, TcNameError,  # noqa: F401
+                     TcOptionsError, TcRangeError, TcSemanticError, TcShapeError, TcSyntaxError,
+                     TcTypeError)
+from .lang import parse  # noqa: F401
+from .options import MappingOptions  # noqa: F401

@@ -1,0 +1,246 @@
+"""Recursive-descent parser for the TC grammar of the paper's Figure 14.
+
+Errors are :class:`~tfx_vec.tc_ops.errors.TcSyntaxError` with the offending token's line and
+column, a caret, and the tokens that would have fitted ("Expected one of: ...").
+
+Example:
+    >>> prog = parse('''
+    ... def tmm(float(M,K) A, float(N,K) B) -> (C) {
+    ...     C(m,n) +=! A(m,kk) * B(n,kk)
+    ... }''')
+    >>> d = prog.defs[0]
+    >>> d.name, [p.name for p in d.params], d.stmts[0].op, d.stmts[0].init
+    ('tmm', ['A', 'B'], '+=', True)
+"""
+from __future__ import annotations
+
+from ..errors import Span, TcSyntaxError
+from . import ast as A
+from .lexer import TOKEN_NAMES, Token, tokenize
+from .types import canonical
+
+__all__ = ["parse"]
+
+_ASSIGN = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False), "min=": ("min=", False),
+           "max=": ("max=", False), "+=!": ("+=", True), "*=!": ("*=", True),
+           "min=!": ("min=", True), "max=!": ("max=", True)}
+# binary operators by precedence level, loosest first
+_LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
+_KEYWORDS = ("def", "where")  # "in" is only special inside a where clause
+
+
+def parse(source: str) -> A.Program:
+    """Parse a TC source (one or more ``def``) into a :class:`~.ast.Program`.
+
+    Raises:
+        TcSyntaxError: with line, column, caret and the expected tokens.
+    """
+    return _Parser(source).program()
+
+
+class _Parser:
+    def __init__(self, source: str):
+        self.source = source
+        self.toks = tokenize(source)
+        self.pos = 0
+
+    # -- token helpers -------------------------------------------------------------------
+    @property
+    def tok(self) -> Token:
+        return self.toks[self.pos]
+
+    def peek(self, k: int = 1) -> Token:
+        return self.toks[min(self.pos + k, len(self.toks) - 1)]
+
+    def at(self, *kinds: str) -> bool:
+        return self.tok.kind in kinds
+
+    def at_word(self, word: str) -> bool:
+        return self.tok.kind == "ID" and self.tok.text == word
+
+    def advance(self) -> Token:
+        t = self.tok
+        self.pos = min(self.pos + 1, len(self.toks) - 1)
+        return t
+
+    def error(self, expected: tuple[str, ...], what: str | None = None) -> TcSyntaxError:
+        t = self.tok
+        found = "end of input" if t.kind == "EOF" else repr(t.text)
+        names = tuple(TOKEN_NAMES.get(e, repr(e) if not e.startswith("<") else e[1:-1])
+                      for e in expected)
+        return TcSyntaxError(what or f"unexpected {found}", t.span, self.source, names)
+
+    def expect(self, *kinds: str) -> Token:
+        if self.tok.kind in kinds:
+            return self.advance()
+        raise self.error(kinds)
+
+    def expect_word(self, word: str) -> Token:
+        if self.at_word(word):
+            return self.advance()
+        raise self.error((f"'{word}'",))
+
+    def ident(self, what: str = "identifier") -> Token:
+        if self.tok.kind == "ID" and self.tok.text not in _KEYWORDS:
+            return self.advance()
+        raise self.error((f"<{what}>",))
+
+    # -- grammar -------------------------------------------------------------------------
+    def program(self) -> A.Program:
+        defs = []
+        while not self.at("EOF"):
+            if not self.at_word("def"):
+                raise self.error(("'def'", "EOF"))
+            defs.append(self.func())
+        if not defs:
+            raise self.error(("'def'",), "empty TC source: expected at least one 'def'")
+        return A.Program(tuple(defs), self.source)
+
+    def func(self) -> A.Def:
+        start = self.expect_word("def")
+        name = self.ident("function name").text
+        self.expect("(")
+        params = []
+        if not self.at(")"):
+            params.append(self.param())
+            while self.at(","):
+                self.advance()
+                params.append(self.param())
+        self.expect(")")
+        self.expect("->")
+        self.expect("(")
+        rets = [self.ident("output name")]
+        while self.at(","):
+            self.advance()
+            rets.append(self.ident("output name"))
+        self.expect(")")
+        self.expect("{")
+        stmts = []
+        while not self.at("}"):
+            if self.at("EOF"):
+                raise self.error(("'}'", "<identifier>"))
+            stmts.append(self.stmt())
+        self.expect("}")
+        if not stmts:
+            raise TcSyntaxError(f"def {name} has no statement", start.span, self.source)
+        return A.Def(name, tuple(params), tuple(t.text for t in rets),
+                     tuple(t.span for t in rets), tuple(stmts), start.span)
+
+    def param(self) -> A.Param:
+        t = self.ident("type")
+        dtype = canonical(t.text)
+        if dtype is None:
+            raise TcSyntaxError(f"unknown scalar type {t.text!r}", t.span, self.source,
+                                ("bool", "double", "float", "half", "int32", "int64", "..."))
+        dims = None
+        spans: list[Span] = []
+        if self.at("("):
+            self.advance()
+            dims = []
+            if not self.at(")"):
+                while True:
+                    d = self.expect("ID", "INT")
+                    dims.append(int(d.text, 0) if d.kind == "INT" else d.text)
+                    spans.append(d.span)
+                    if not self.at(","):
+                        break
+                    self.advance()
+            self.expect(")")
+            dims = tuple(dims)
+        name = self.ident("parameter name")
+        return A.Param(dtype, dims, name.text, name.span, tuple(spans))
+
+    def stmt(self) -> A.Stmt:
+        if self.at("("):
+            raise self.error(("<identifier>",), "TC function calls '(outs) = f(args)' are not "
+                             "supported; inline the callee's statements")
+        lhs = self.ident("tensor name")
+        idx: list[Token] = []
+        if self.at("("):
+            self.advance()
+            if not self.at(")"):
+                idx.append(self.ident("index variable"))
+                while self.at(","):
+                    self.advance()
+                    idx.append(self.ident("index variable"))
+            self.expect(")")
+        if self.tok.kind not in _ASSIGN:
+            raise self.error(tuple(_ASSIGN) + (("(",) if not idx else ()))
+        op, init = _ASSIGN[self.advance().kind]
+        rhs = self.expr()
+        where = []
+        if self.at_word("where"):
+            self.advance()
+            where.append(self.range_constraint())
+            while self.at(","):
+                self.advance()
+                where.append(self.range_constraint())
+        return A.Stmt(lhs.text, tuple(t.text for t in idx), tuple(t.span for t in idx), op, init,
+                      rhs, tuple(where), lhs.span)
+
+    def range_constraint(self) -> A.RangeConstraint:
+        var = self.ident("index variable")
+        self.expect_word("in")
+        lo = self.binary(0)
+        self.expect(":")
+        hi = self.binary(0)
+        return A.RangeConstraint(var.text, lo, hi, var.span)
+
+    # -- expressions ---------------------------------------------------------------------
+    def expr(self) -> A.Expr:
+        cond = self.binary(0)
+        if self.at("?"):
+            q = self.advance()
+            then = self.expr()
+            self.expect(":")
+            other = self.expr()
+            return A.Ternary(cond, then, other, q.span)
+        return cond
+
+    def binary(self, level: int) -> A.Expr:
+        if level == len(_LEVELS):
+            return self.unary()
+        lhs = self.binary(level + 1)
+        while self.tok.kind in _LEVELS[level]:
+            op = self.advance()
+            rhs = self.binary(level + 1)
+            lhs = A.Binary(op.kind, lhs, rhs, op.span)
+        return lhs
+
+    def unary(self) -> A.Expr:
+        if self.at("-", "!", "+"):
+            op = self.advance()
+            return A.Unary(op.kind, self.unary(), op.span)
+        return self.primary()
+
+    def primary(self) -> A.Expr:
+        t = self.tok
+        if t.kind == "INT":
+            self.advance()
+            return A.IntLit(int(t.text, 0), t.span)
+        if t.kind == "FLOAT":
+            self.advance()
+            return A.FloatLit(float(t.text.rstrip("fF")), t.text, t.span)
+        if t.kind == "(":
+            self.advance()
+            e = self.expr()
+            self.expect(")")
+            return e
+        if t.kind == "ID" and t.text not in _KEYWORDS:
+            self.advance()
+            if self.at("("):
+                self.advance()
+                args = []
+                if not self.at(")"):
+                    args.append(self.expr())
+                    while self.at(","):
+                        self.advance()
+                        args.append(self.expr())
+                self.expect(")")
+                return A.Call(t.text, tuple(args), t.span)
+            if self.at(".") and self.peek().kind == "INT":
+                self.advance()
+                k = self.advance()
+                return A.DimRef(t.text, int(k.text, 0), t.span)
+            return A.Ident(t.text, t.span)
+        raise self.error(("<identifier>", "INT", "FLOAT", "(", "-", "!"))
