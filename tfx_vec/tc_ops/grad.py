@@ -1,0 +1,418 @@
+"""Symbolic differentiation of a Tensor Comprehension into a backward TC (reverse mode).
+
+The paper leaves gradients of TCs as future work; this module derives them on the TC itself, so
+the backward pass goes through the same compiler (scheduling, mapping, tuning, caching).
+
+Given ``def f(inputs) -> (outputs) { statements }`` it writes
+``def f_grad(inputs, d_<output>...) -> (d_<input>...)`` that
+
+1. recomputes the forward statements with every write renamed to a fresh *version* (SSA), so an
+   in-place chain such as fcrelu's ``O = bias; O += I*W; O = fmaxf(O, 0)`` keeps each value;
+2. walks the statements backwards and, for each tensor access ``X(i, j)`` on a right-hand side,
+   accumulates ``d_X(i, j) += d_T(lhs) * dRHS/dX(i, j)`` (the chain rule over a comprehension:
+   indices of the left side not in ``X``'s subscripts are summed over, as in a TC reduction);
+3. ``max=``/``min=`` send the gradient to the elements equal to the result; a non-initialising
+   ``+=`` also passes ``d_T`` through to the previous version.
+
+Supported: ``=``, ``+=``, ``+=!``, ``max=``, ``max=!``, ``min=``, ``min=!``; arithmetic, ``?:``,
+casts and the builtins in :data:`_DERIVATIVES`.  Limits (a :class:`TcGradientError` names the TC
+line and column): an access of a differentiated tensor whose subscripts are not distinct plain
+indices (``I(h + kh)``: give a backward TC by hand), ``*=`` reductions, builtins without a rule.
+
+Example:
+    >>> src = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+    >>> print(backward_tc(src, "tmm").source)  # doctest: +NORMALIZE_WHITESPACE
+    def tmm_grad(float(M,K) A, float(N,K) B, float(D_C_0,D_C_1) d_C) -> (d_A, d_B) {
+        d_A(m,kk) +=! d_C(m,n) * B(n,kk)
+        d_B(n,kk) +=! d_C(m,n) * A(m,kk)
+    }
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from .errors import Span, TcError
+from .lang import ast as A
+from .lang.parser import parse
+from .lang.types import canonical, is_float
+
+__all__ = ["backward_tc", "BackwardTc", "TcGradientError"]
+
+
+class TcGradientError(TcError):
+    """The TC cannot be differentiated automatically (give a backward TC)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardTc:
+    """A derived backward TC.
+
+    ``source`` defines ``entry``; its parameters are the forward inputs followed by one gradient
+    per forward output (``d_<name>``), and it returns ``d_<input>`` for each name of ``wrt``.
+    """
+
+    source: str
+    entry: str
+    wrt: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+# -- expression text -------------------------------------------------------------------------
+_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4, "+": 5, "-": 5,
+         "*": 6, "/": 6, "%": 6}
+
+
+def _text(e: A.Expr, rename: Callable[[str], str]) -> str:
+    """TC text of ``e``, fully parenthesised where precedence needs it; tensors renamed."""
+    if isinstance(e, A.IntLit):
+        return str(e.value)
+    if isinstance(e, A.FloatLit):
+        return e.text
+    if isinstance(e, A.Ident):
+        return e.name
+    if isinstance(e, A.DimRef):
+        return f"{rename(e.name)}.{e.dim}"
+    if isinstance(e, A.Call):
+        return f"{rename(e.name)}({','.join(_text(a, rename) for a in e.args)})"
+    if isinstance(e, A.Unary):
+        return f"{e.op}({_text(e.operand, rename)})"
+    if isinstance(e, A.Binary):
+        return f"({_text(e.lhs, rename)} {e.op} {_text(e.rhs, rename)})"
+    if isinstance(e, A.Ternary):
+        return (f"({_text(e.cond, rename)} ? {_text(e.then, rename)} : "
+                f"{_text(e.other, rename)})")
+    raise TypeError(f"unknown TC expression {e!r}")
+
+
+# Symbolic text algebra; None is the zero.
+def _mul(a: str | None, b: str | None) -> str | None:
+    if a is None or b is None:
+        return None
+    if a == "1":
+        return b
+    if b == "1":
+        return a
+    return f"{a} * {b}" if _atomic(a) and _atomic(b) else f"({a}) * ({b})"
+
+
+def _atomic(s: str) -> bool:
+    """Whether ``s`` can be an operand of ``*`` without parentheses."""
+    depth = 0
+    for ch in s:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and ch in "+-?:<>=&|" and s[0] != "-":
+            return False
+    return True
+
+
+def _add(a: str | None, b: str | None) -> str | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return f"({a} + {b})"
+
+
+def _neg(a: str | None) -> str | None:
+    return None if a is None else f"-({a})"
+
+
+def _select(cond: str) -> str:
+    return f"({cond} ? 1.0f : 0.0f)"
+
+
+# d f(x...)/dx_k as text, given the argument texts and the call's own text.
+_DERIVATIVES: dict[str, Callable[[list[str], str, int], str]] = {
+    "exp": lambda a, f, k: f,
+    "log": lambda a, f, k: f"(1.0f / {a[0]})",
+    "tanh": lambda a, f, k: f"(1.0f - {f} * {f})",
+    "sqrt": lambda a, f, k: f"(0.5f / {f})",
+    "rsqrt": lambda a, f, k: f"(-0.5f * {f} / {a[0]})",
+    "sin": lambda a, f, k: f"cos({a[0]})",
+    "cos": lambda a, f, k: f"-(sin({a[0]}))",
+    "abs": lambda a, f, k: f"({a[0]} >= 0 ? 1.0f : -1.0f)",
+    "fabs": lambda a, f, k: f"({a[0]} >= 0 ? 1.0f : -1.0f)",
+    "sigmoid": lambda a, f, k: f"({f} * (1.0f - {f}))",
+}
+for _name in ("fmaxf", "fmax", "max"):
+    _DERIVATIVES[_name] = lambda a, f, k: _select(
+        f"{a[0]} >= {a[1]}" if k == 0 else f"{a[1]} > {a[0]}")
+for _name in ("fminf", "fmin", "min"):
+    _DERIVATIVES[_name] = lambda a, f, k: _select(
+        f"{a[0]} <= {a[1]}" if k == 0 else f"{a[1]} < {a[0]}")
+for _name in ("expf", "logf", "tanhf", "sqrtf", "sinf", "cosf", "fabsf"):
+    _DERIVATIVES[_name] = _DERIVATIVES[_name[:-1]]
+_NON_DIFFERENTIABLE = ("==", "!=", "<", "<=", ">", ">=", "&&", "||", "%")
+
+
+class _Differ:
+    """d(expr)/d(one occurrence of a tensor access), as TC text."""
+
+    def __init__(self, tensors: set[str], rename: Callable[[str], str], source: str):
+        self.tensors, self.rename, self.source = tensors, rename, source
+
+    def __call__(self, e: A.Expr, target: A.Call) -> str | None:
+        t = lambda x: _text(x, self.rename)  # noqa: E731
+        if e is target:
+            return "1"
+        if isinstance(e, (A.IntLit, A.FloatLit, A.Ident, A.DimRef)):
+            return None
+        if isinstance(e, A.Unary):
+            d = self(e.operand, target)
+            return _neg(d) if e.op == "-" else (d if e.op == "+" else None)
+        if isinstance(e, A.Ternary):
+            dt, do = self(e.then, target), self(e.other, target)
+            if dt is None and do is None:
+                return None
+            return f"({t(e.cond)} ? {dt or '0.0f'} : {do or '0.0f'})"
+        if isinstance(e, A.Binary):
+            if e.op in _NON_DIFFERENTIABLE:
+                return None
+            dl, dr = self(e.lhs, target), self(e.rhs, target)
+            if e.op == "+":
+                return _add(dl, dr)
+            if e.op == "-":
+                return _add(dl, _neg(dr))
+            if e.op == "*":
+                return _add(_mul(dl, t(e.rhs)), _mul(t(e.lhs), dr))
+            if e.op == "/":  # (l/r)' = l'/r - l r'/r^2
+                q = None if dl is None else f"({dl}) / {t(e.rhs)}"
+                p = None if dr is None else f"({t(e.lhs)}) * ({dr}) / ({t(e.rhs)} * {t(e.rhs)})"
+                return _add(q, _neg(p))
+        if isinstance(e, A.Call):
+            if e.name in self.tensors:
+                return None  # another access (or another occurrence of the same one)
+            if canonical(e.name) is not None:  # a cast
+                return self(e.args[0], target) if is_float(canonical(e.name)) else None
+            total = None
+            args = [t(a) for a in e.args]
+            for k, arg in enumerate(e.args):
+                d = self(arg, target)
+                if d is None:
+                    continue
+                rule = _DERIVATIVES.get(e.name)
+                if rule is None:
+                    raise TcGradientError(f"no derivative rule for builtin {e.name}() "
+                                          "(give a backward TC)", e.span, self.source)
+                total = _add(total, _mul(rule(args, t(e), k), d))
+            return total
+        raise TcGradientError(f"cannot differentiate {type(e).__name__}", e.span, self.source)
+
+
+@dataclasses.dataclass
+class _Version:
+    """One SSA value of a written tensor: ``name`` as computed by statement ``stmt``."""
+
+    tensor: str
+    name: str
+    rank: int
+    grad: str | None = None      # name of its adjoint once some contribution exists
+    n_contrib: int = 0
+
+
+def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> BackwardTc:
+    """Derive the backward TC of ``entry`` in ``source``.
+
+    Args:
+      wrt: the inputs to differentiate (default: every floating-point tensor input).
+    Raises:
+      TcGradientError: with line/column when a statement cannot be differentiated.
+    """
+    prog = parse(source)
+    d = prog.get(entry)
+    if d is None:
+        raise TcGradientError(f"no def named {entry!r} (defs: {[x.name for x in prog.defs]})")
+    params = {p.name: p for p in d.params}
+    float_inputs = [p.name for p in d.params if not p.is_scalar and is_float(canonical(p.dtype))]
+    wrt = tuple(float_inputs if wrt is None else wrt)
+    if not wrt:
+        raise TcGradientError(f"{entry}: nothing to differentiate (no floating-point input)")
+    for name in wrt:
+        if name not in float_inputs:
+            raise TcGradientError(f"{entry}: cannot differentiate with respect to {name!r}: "
+                                  f"not a floating-point tensor input (those are {float_inputs})")
+    written = {s.lhs for s in d.stmts}
+    tensors = set(params) | written
+    dtype = "double" if any(canonical(params[n].dtype) == "double" for n in wrt) else "float"
+
+    # 1. forward recomputation in SSA form
+    current: dict[str, str] = {n: n for n in params}
+    versions: list[_Version] = []
+    reads: list[dict[str, str]] = []   # per statement: tensor -> version name it reads
+    lines: list[str] = []
+    count: dict[str, int] = {}
+    for s in d.stmts:
+        reads.append(dict(current))
+        count[s.lhs] = count.get(s.lhs, 0) + 1
+        v = _Version(s.lhs, f"{s.lhs}_v{count[s.lhs]}", len(s.lhs_indices))
+        rn = reads[-1].get
+        lhs = f"{v.name}({','.join(s.lhs_indices)})"
+        where = _where(s, rn)
+        rhs = _text(s.rhs, lambda n: rn(n, n))
+        if s.op == "=" or s.init:
+            lines.append(f"{lhs} {s.op}{'!' if s.init else ''} {rhs}{where}")
+        else:
+            if s.lhs not in current or s.lhs in params:
+                raise TcGradientError(f"{s.lhs} is updated with {s.op} before being written",
+                                      s.span, source)
+            lines.append(f"{lhs} = {current[s.lhs]}({','.join(s.lhs_indices)}){where}")
+            lines.append(f"{lhs} {s.op} {rhs}{where}")
+        versions.append(v)
+        current[s.lhs] = v.name
+
+    # 2. adjoints, statements in reverse order
+    grads: dict[str, _Version] = {v.name: v for v in versions}
+    input_grads = {n: _Version(n, n, len(params[n].dims or ())) for n in wrt}
+    writer = {v.name: (s, rd) for s, v, rd in zip(d.stmts, versions, reads)}
+    size_of = _sizer(params, writer, lambda e, rd: _text(e, lambda n: rd.get(n, n)))
+    back: list[str] = []
+    read_later = {name for rd in reads for name in rd.values()}
+    for out in d.returns:
+        v = grads[current[out]]
+        if v.name in read_later:  # later statements add to it: copy the incoming gradient
+            idx = ",".join(f"i{k}" for k in range(v.rank))
+            v.grad, v.n_contrib = f"d_{v.name}", 1
+            back.append(f"{v.grad}({idx}) = d_{out}({idx})")
+        else:
+            v.grad = f"d_{out}"
+    for s, v, rd in reversed(list(zip(d.stmts, versions, reads))):
+        if v.grad is None:
+            continue  # nothing downstream depends on this value
+        rn = rd.get
+        rename = lambda n: rn(n, n)  # noqa: E731
+        lhs_idx = ",".join(s.lhs_indices)
+        seed = f"{v.grad}({lhs_idx})"
+        if s.op in ("min=", "max="):
+            seed = f"{seed} * {_select(f'{_text(s.rhs, rename)} == {v.name}({lhs_idx})')}"
+        elif s.op == "*=":
+            raise TcGradientError("automatic gradients of *= reductions are not supported "
+                                  "(give a backward TC)", s.span, source)
+        differ = _Differ(tensors, rename, source)
+        where = _where(s, rn)
+        for acc in (e for e in A.walk(s.rhs) if isinstance(e, A.Call) and e.name in tensors):
+            src_version = rn(acc.name, acc.name)
+            target = input_grads.get(acc.name) if acc.name in params else grads.get(src_version)
+            if target is None:
+                continue
+            partial = differ(s.rhs, acc)
+            if partial is None:
+                continue
+            subs = _plain_subscripts(acc, s, source)
+            contrib = _mul(seed, partial)
+            extra = _range_for(subs, contrib, s, src_version, size_of)
+            back.append(_accumulate(target, subs, contrib, where, extra))
+        if s.op != "=" and not s.init:  # T_k = T_{k-1} (op) reduction: pass through
+            prev = grads[rd[s.lhs]]
+            passed = f"{v.grad}({lhs_idx})"
+            if s.op in ("min=", "max="):
+                passed += f" * {_select(f'{rd[s.lhs]}({lhs_idx}) == {v.name}({lhs_idx})')}"
+            back.append(_accumulate(prev, list(s.lhs_indices), passed, where, ""))
+
+    for n in wrt:  # an input nothing depends on differentiably: its gradient is zero
+        g = input_grads[n]
+        if g.grad is None:
+            idx = [f"i{k}" for k in range(g.rank)]
+            ranges = ", ".join(f"{i} in 0:{dim}" for i, dim in zip(idx, params[n].dims))
+            back.append(f"d_{n}({','.join(idx)}) = 0{' where ' + ranges if ranges else ''}")
+
+    out_params = []
+    for out in d.returns:
+        rank = grads[current[out]].rank
+        dims = ",".join(f"D_{out}_{k}" for k in range(rank))
+        out_params.append(f"{dtype}({dims}) d_{out}" if rank else f"{dtype} d_{out}")
+    sig_in = [_param_text(p) for p in d.params] + out_params
+    body = lines + back
+    # Forward statements no adjoint reads are dropped by the scheduler anyway, but they would
+    # still be computed: keep only those the backward statements (transitively) read.
+    body = _live(body)
+    name = f"{entry}_grad"
+    text = (f"def {name}({', '.join(sig_in)}) -> ({', '.join('d_' + n for n in wrt)}) {{\n"
+            + "".join(f"    {ln}\n" for ln in body) + "}\n")
+    return BackwardTc(text, name, wrt, tuple(d.returns))
+
+
+def _param_text(p: A.Param) -> str:
+    if p.is_scalar:
+        return f"{p.dtype} {p.name}"
+    return f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
+
+
+def _where(s: A.Stmt, rn: Callable) -> str:
+    if not s.where:
+        return ""
+    rename = lambda n: rn(n, n)  # noqa: E731
+    return " where " + ", ".join(f"{w.var} in {_text(w.lo, rename)}:{_text(w.hi, rename)}"
+                                 for w in s.where)
+
+
+def _plain_subscripts(acc: A.Call, s: A.Stmt, source: str) -> list[str]:
+    subs = []
+    for a in acc.args:
+        if not isinstance(a, A.Ident) or a.name in subs:
+            raise TcGradientError(
+                f"cannot differentiate through {acc.name}(...): its subscripts must be distinct "
+                "plain indices to be written on a left-hand side (give a backward TC)",
+                getattr(a, "span", acc.span), source)
+        subs.append(a.name)
+    return subs
+
+
+def _range_for(subs: list[str], contrib: str, s: A.Stmt, tensor: str, size_of) -> str:
+    """``where`` ranges for subscripts that nothing else in the statement bounds."""
+    import re
+
+    used = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", contrib)) | {w.var for w in s.where}
+    return ", ".join(f"{i} in 0:{size_of(tensor, k)}"
+                     for k, i in enumerate(subs) if i not in used)
+
+
+def _sizer(params: dict, writer: dict, rename_text: Callable) -> Callable[[str, int], str]:
+    """``size_of(tensor_version, k)``: dimension ``k``'s size as a TC expression of the signature.
+
+    An input's size is in its declaration; a written tensor's is traced through the statement
+    that wrote it to a declared size (its ``where`` bound, or the access that bounded the index),
+    with ``name.k`` as the last resort.
+    """
+    def size_of(name: str, k: int) -> str:
+        if name in params:
+            return str(params[name].dims[k])
+        s, rd = writer[name]
+        var = s.lhs_indices[k]
+        for w in s.where:
+            if w.var == var:
+                return rename_text(w.hi, rd)
+        for e in A.walk(s.rhs):
+            if isinstance(e, A.Call) and e.name in rd:
+                for j, a in enumerate(e.args):
+                    if isinstance(a, A.Ident) and a.name == var:
+                        return size_of(rd[e.name], j)
+        return f"{name}.{k}"
+    return size_of
+
+
+def _accumulate(target: _Version, subs: list[str], contrib: str, where: str, extra: str) -> str:
+    if target.grad is None:
+        target.grad = f"d_{target.name}"
+    op = "+=!" if target.n_contrib == 0 else "+="
+    target.n_contrib += 1
+    if extra:
+        where = (where + ", " + extra) if where else " where " + extra
+    return f"{target.grad}({','.join(subs)}) {op} {contrib}{where}"
+
+
+def _live(lines: list[str]) -> list[str]:
+    """Drop forward statements whose tensor no later statement reads (backward ones stay)."""
+    import re
+
+    keep = [True] * len(lines)
+    needed: set[str] = set()
+    for k in range(len(lines) - 1, -1, -1):
+        lhs = lines[k].split("(", 1)[0]
+        names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", lines[k].split(")", 1)[1]))
+        if lhs.startswith("d_") or lhs in needed:
+            needed |= names
+        else:
+            keep[k] = False
+    return [ln for ln, k in zip(lines, keep) if k]
