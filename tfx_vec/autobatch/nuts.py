@@ -1,0 +1,551 @@
+"""Recursive No-U-Turn Sampler, batched by ``tfx_vec.autobatch``, as a TFP ``TransitionKernel``.
+
+The tree building is the textbook recursive ``build_tree`` of Hoffman & Gelman (2014), with
+multinomial sampling inside a trajectory, biased progressive sampling between doublings and the
+generalized U-turn criterion checked across merged subtrees, as in Stan (Betancourt 2017).  It is
+written for **one chain** in plain Python (``if``, ``while``, recursion) and batched over chains
+by ``tfx_vec.autobatch``; nothing of the recursion is unrolled by hand.
+
+Pipeline of this module, top to bottom:
+
+1. ``NoUTurnSampler.one_step`` flattens the state parts into one ``[chains, D]`` vector (the
+   target sees the parts again through :class:`_StateSpec`), builds per-chain step sizes
+   ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``.
+2. ``_make_program`` (cached per state structure) defines the single-chain program
+   ``run_trajectories -> trajectory -> build_tree`` and hands each function to ``wrap``:
+   ``ab.function`` for the batched runtimes, the identity for the per-chain reference
+   (``runtime="python"``, which runs the very same Python one chain at a time).
+3. Straight-line pieces (leapfrog leaf, subtree merge, trajectory extension, randomness) are
+   ordinary TF functions that the autobatch compiler treats as primitives.
+4. Randomness is a counter-based hash (murmur3 finalizer) of each chain's seed, so chain ``b``
+   depends only on the step seed and ``b``: the same chain gives the same draws in any batch,
+   under any runtime.
+
+Example:
+    >>> import tensorflow as tf, tensorflow_probability as tfp
+    >>> from tfx_vec.autobatch.nuts import NoUTurnSampler
+    >>> kernel = NoUTurnSampler(lambda x: -0.5 * tf.reduce_sum(x * x, -1), step_size=0.5,
+    ...                         runtime="python")
+    >>> x0 = tf.zeros([2, 3])
+    >>> draws = tfp.mcmc.sample_chain(3, x0, kernel=kernel, trace_fn=None, seed=(1, 2))
+    >>> draws.shape
+    TensorShape([3, 2, 3])
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+from tensorflow_probability.python.internal import samplers
+
+__all__ = ["NoUTurnSampler", "NUTSKernelResults", "RUNTIMES"]
+
+RUNTIMES = ("program_counter", "local_static", "hybrid", "python")
+
+NUTSKernelResults = collections.namedtuple(
+    "NUTSKernelResults",
+    ["target_log_prob", "grads_target_log_prob", "step_size", "log_accept_ratio",
+     "is_accepted", "leapfrogs_taken", "leapfrogs_computed", "reach_max_depth",
+     "has_divergence", "seed"])
+NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, one entry per chain.
+
+``leapfrogs_taken``: cumulative leapfrog steps (gradient evaluations) of this chain.
+``leapfrogs_computed``: cumulative leapfrogs the lock-step batch needs when it synchronizes on
+trajectory boundaries (the per-step maximum over chains, as TFP's autobatched NUTS reports it).
+``seed``: the stateless seed the next step uses when ``one_step`` is given none.
+"""
+
+# {{{ counter-based randomness (per-chain, stateless, elementwise: batches and compiles)
+
+_SPLIT_DOMAIN = 0          # counters 2i, 2i+1 give child seed i
+_UNIFORM_DOMAIN = 1 << 31  # counters with the top bit set give uniforms/normals
+
+
+def _fmix32(x: tf.Tensor) -> tf.Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+    x = x * tf.constant(0x85EBCA6B, tf.uint32)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(13, tf.uint32)))
+    x = x * tf.constant(0xC2B2AE35, tf.uint32)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+
+
+def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
+    """uint32 hash of an int32 seed ``[..., 2]`` (broadcast against) a uint32 ``counter``."""
+    key = tf.bitcast(seed, tf.uint32)
+    k0, k1 = key[..., 0], key[..., 1]
+    while counter.shape.rank > k0.shape.rank:
+        k0, k1 = k0[..., None], k1[..., None]
+    x = _fmix32(tf.bitwise.bitwise_xor(counter * tf.constant(0x9E3779B9, tf.uint32), k0))
+    x = _fmix32(x + k1)
+    return _fmix32(tf.bitwise.bitwise_xor(x, k0 + tf.constant(0x7F4A7C15, tf.uint32)))
+
+
+def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
+    """``n`` independent int32 seeds ``[..., 2]`` from one."""
+    out = []
+    for i in range(n):
+        pair = [_hash(seed, tf.constant(_SPLIT_DOMAIN + 2 * i + j, tf.uint32)) for j in (0, 1)]
+        out.append(tf.bitcast(tf.stack(pair, axis=-1), tf.int32))
+    return out
+
+
+def _uniforms(seed: tf.Tensor, counter: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Uniforms in the open interval (0, 1), 24 random bits each."""
+    bits = tf.bitwise.right_shift(_hash(seed, counter + tf.constant(_UNIFORM_DOMAIN, tf.uint32)),
+                                  tf.constant(8, tf.uint32))
+    return (tf.cast(bits, dtype) + 0.5) * (2.0 ** -24)
+
+
+def _uniform(seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """One uniform per chain: seed ``[B, 2]`` -> ``[B]``."""
+    return _uniforms(seed, tf.constant(0, tf.uint32), dtype)
+
+
+def _normal(seed: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
+    """``dim`` standard normals per chain (Box-Muller): seed ``[B, 2]`` -> ``[B, dim]``."""
+    idx = tf.cast(tf.range(1, dim + 1), tf.uint32)
+    u1 = _uniforms(seed, 2 * idx, dtype)
+    u2 = _uniforms(seed, 2 * idx + 1, dtype)
+    return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
+
+
+def chain_seeds(seed: Any, num_chains: int) -> tf.Tensor:
+    """Per-chain int32 seeds ``[num_chains, 2]``; chain ``b`` depends only on ``seed`` and ``b``.
+
+    Example:
+        >>> chain_seeds((1, 2), 3).shape
+        TensorShape([3, 2])
+    """
+    seed = tf.convert_to_tensor(samplers.sanitize_seed(seed), tf.int32)
+    b = tf.cast(tf.range(num_chains), tf.uint32)
+    pair = [_hash(seed, 2 * b + j) for j in (0, 1)]
+    return tf.bitcast(tf.stack(pair, axis=-1), tf.int32)
+
+# }}}
+
+# {{{ flat state: the program sees one [B, D] vector, the user's target sees its parts
+
+
+class _StateSpec:
+    """Event shapes and dtype of the state parts; flattens and restores them."""
+
+    def __init__(self, parts: Sequence[tf.Tensor]):
+        dtypes = {p.dtype for p in parts}
+        if len(dtypes) != 1:
+            raise TypeError("NoUTurnSampler: all state parts must share one float dtype, got "
+                            f"{sorted(d.name for d in dtypes)}")
+        self.dtype = parts[0].dtype
+        if not self.dtype.is_floating:
+            raise TypeError(f"NoUTurnSampler: the state must be floating point, got {self.dtype.name}")
+        for p in parts:
+            if p.shape.rank is None or p.shape.rank < 1 or not p.shape[1:].is_fully_defined():
+                raise ValueError("NoUTurnSampler: each state part needs a leading chain dimension "
+                                 f"and a static event shape, got shape {p.shape}")
+        self.event_shapes = tuple(tuple(p.shape[1:].as_list()) for p in parts)
+        self.sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in self.event_shapes)
+        self.dim = sum(self.sizes)
+
+    @property
+    def key(self) -> tuple:
+        return (self.dtype.name, self.event_shapes)
+
+    def flatten(self, parts: Sequence[tf.Tensor]) -> tf.Tensor:
+        b = tf.shape(parts[0])[0]
+        return tf.concat([tf.reshape(p, [b, n]) for p, n in zip(parts, self.sizes)], axis=-1)
+
+    def unflatten(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        b = tf.shape(flat)[0]
+        pieces = tf.split(flat, self.sizes, axis=-1) if len(self.sizes) > 1 else [flat]
+        return [tf.reshape(x, tf.concat([[b], s], 0)) for x, s in zip(pieces, self.event_shapes)]
+
+    def value_and_grad(self, target_log_prob_fn: Callable, flat: tf.Tensor):
+        """Target log-density ``[B]`` and its gradient ``[B, D]`` at a flat state."""
+        parts = self.unflatten(flat)
+        with tf.GradientTape() as tape:
+            tape.watch(parts)
+            logp = target_log_prob_fn(*parts)
+        grads = tape.gradient(logp, parts)
+        if any(g is None for g in grads):
+            raise ValueError("NoUTurnSampler: target_log_prob_fn has no gradient with respect to "
+                             "some state part")
+        return tf.cast(logp, self.dtype), self.flatten(grads)
+
+# }}}
+
+# {{{ straight-line pieces (primitives of the batched program)
+
+
+def _dot(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_sum(a * b, axis=-1)
+
+
+def _no_u_turn(p_a: tf.Tensor, p_b: tf.Tensor, rho: tf.Tensor) -> tf.Tensor:
+    """Stan's generalized criterion with an identity metric: both ends move along ``rho``."""
+    return (_dot(p_a, rho) > 0) & (_dot(p_b, rho) > 0)
+
+
+def _merged_no_u_turn(p_first_far, p_first_near, rho_first, p_second_near, p_second_far,
+                      rho_second):
+    """The three checks of Stan's ``build_tree`` when trajectory ``first`` is extended by
+    ``second`` (ends named relative to the seam between them): the merged tree, and each
+    subtree extended by the neighbouring state of the other."""
+    return (_no_u_turn(p_first_far, p_second_far, rho_first + rho_second)
+            & _no_u_turn(p_first_far, p_second_near, rho_first + p_second_near)
+            & _no_u_turn(p_first_near, p_second_far, rho_second + p_first_near))
+
+
+def _logaddexp(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """log(exp(a) + exp(b)), -inf when both are -inf."""
+    m = tf.maximum(a, b)
+    m = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
+    return m + tf.math.log(tf.exp(a - m) + tf.exp(b - m))
+
+
+def _where(pred: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """Per-chain select: ``pred [B]`` against values ``[B, ...]``."""
+    while pred.shape.rank < a.shape.rank:
+        pred = pred[..., None]
+    return tf.where(pred, a, b)
+
+
+def _leaf(vg: Callable, unrolled: int, max_energy_diff: float,
+          direction, q, p, g, logp, eps, h0):
+    """Base case of ``build_tree``: ``unrolled`` leapfrog steps, weight, divergence check."""
+    step = direction[:, None] * eps
+    for _ in range(unrolled):
+        p = p + 0.5 * step * g
+        q = q + step * p
+        logp, g = vg(q)
+        p = p + 0.5 * step * g
+    energy = -logp + 0.5 * _dot(p, p)
+    energy = tf.where(tf.math.is_nan(energy), tf.constant(np.inf, energy.dtype), energy)
+    log_w = h0 - energy
+    divergent = (energy - h0) > max_energy_diff
+    metro = tf.exp(tf.minimum(log_w, 0.0))
+    leaves = tf.ones_like(logp, tf.int32)
+    return (q, p, g, logp, q, g, logp, p, p, log_w, metro, leaves, ~divergent, divergent)
+
+
+def _merge_subtrees(seed, qp1, gp1, lp1, p_beg1, p_end1, rho1, lsw1, metro1, leaves1, div1,
+                    qp2, gp2, lp2, p_beg2, p_end2, rho2, lsw2, metro2, leaves2, valid2, div2):
+    """Recursive case of ``build_tree`` after both halves: multinomial choice of the proposal
+    (the far half with probability w2 / (w1 + w2)) and the U-turn checks across the halves."""
+    lsw = _logaddexp(lsw1, lsw2)
+    take2 = tf.math.log(_uniform(seed, lsw.dtype)) < lsw2 - lsw
+    qp, gp, lp = (_where(take2, a, b) for a, b in ((qp2, qp1), (gp2, gp1), (lp2, lp1)))
+    valid = valid2 & _merged_no_u_turn(p_beg1, p_end1, rho1, p_beg2, p_end2, rho2)
+    return (qp, gp, lp, rho1 + rho2, lsw, metro1 + metro2, leaves1 + leaves2, valid,
+            div1 | div2)
+
+
+def _start_trajectory(q, logp, g, seed):
+    """Fresh momentum, initial energy and the bookkeeping of a one-point trajectory."""
+    seed, s_momentum = _split(seed, 2)
+    p = _normal(s_momentum, q.shape[-1], q.dtype)
+    h0 = -logp + 0.5 * _dot(p, p)
+    zero_f = tf.zeros_like(logp)
+    zero_i = tf.zeros_like(logp, tf.int32)
+    false = tf.zeros_like(logp, tf.bool)
+    # forward end, backward end, sample, rho, log-sum-weight, depth, leaves, metro, flags
+    return (seed, h0, q, p, g, logp, q, p, g, logp, q, g, logp, p, zero_f, zero_i, zero_i,
+            zero_f, false, false, false, ~false)
+
+
+def _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb):
+    """A fair coin per chain; the end of the trajectory to extend from."""
+    seed, s_coin, s_tree = _split(seed, 3)
+    forward = _uniform(s_coin, lf.dtype) < 0.5
+    direction = tf.where(forward, tf.ones_like(lf), -tf.ones_like(lf))
+    start = [_where(forward, f, b) for f, b in ((qf, qb), (pf, pb), (gf, gb), (lf, lb))]
+    return (seed, s_tree, forward, direction, *start)
+
+
+def _extend_trajectory(max_depth: int, seed, forward, qf, pf, gf, lf, qb, pb, gb, lb,
+                       q_s, g_s, l_s, rho, lsw, depth, accepted,
+                       q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, valid):
+    """Top level of Stan's transition after one doubling: biased progressive sampling of the
+    new subtree's proposal, the new trajectory ends, and whether to keep doubling."""
+    seed, s_accept = _split(seed, 2)
+    accept = valid & (tf.math.log(_uniform(s_accept, lsw.dtype)) < lsw_sub - lsw)
+    q_s, g_s, l_s = (_where(accept, a, b) for a, b in ((qp, q_s), (gp, g_s), (lp, l_s)))
+    p_near, p_far = _where(forward, pf, pb), _where(forward, pb, pf)
+    persist = _merged_no_u_turn(p_far, p_near, rho, p_beg, p_e, rho_sub)
+    end = (q_e, p_e, g_e, l_e)
+    qf, pf, gf, lf = (_where(forward, e, f) for e, f in zip(end, (qf, pf, gf, lf)))
+    qb, pb, gb, lb = (_where(forward, b, e) for e, b in zip(end, (qb, pb, gb, lb)))
+    lsw = tf.where(valid, _logaddexp(lsw, lsw_sub), lsw)
+    depth = depth + 1
+    go_on = valid & persist
+    reach_max = go_on & (depth >= max_depth)
+    return (seed, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho + rho_sub, lsw, depth,
+            accepted | accept, reach_max, go_on & (depth < max_depth))
+
+
+def _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub):
+    """Running counts of one trajectory: leaves, Metropolis probabilities, divergence."""
+    return leaves + leaves_sub, metro + metro_sub, div | div_sub
+
+
+def _finish_trajectory(unrolled: int, leaves, metro):
+    """Stan's acceptance statistic (mean Metropolis probability over leaves), as a log."""
+    log_accept = tf.math.log(metro / tf.cast(leaves, metro.dtype))
+    return log_accept, leaves * unrolled
+
+
+def _start_steps(q):
+    zero_i = tf.zeros(tf.shape(q)[:1], tf.int32)
+    zero_f = tf.zeros(tf.shape(q)[:1], q.dtype)
+    false = tf.zeros(tf.shape(q)[:1], tf.bool)
+    return zero_i, zero_i, zero_f, false, false, false
+
+
+def _next_seed(seed):
+    seed, s_traj = _split(seed, 2)
+    return seed, s_traj
+
+# }}}
+
+# {{{ the single-chain program
+
+
+def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unrolled: int,
+                  wrap: Callable[[Callable], Callable]) -> Callable:
+    """The NUTS program for one chain; ``wrap`` batches each function (or is the identity).
+
+    ``run_trajectories(num, q, logp, g, eps, seed)`` runs ``num`` NUTS trajectories one after
+    the other from state ``q`` (with log-density ``logp`` and gradient ``g``) and returns the
+    last state with the last trajectory's statistics and the leapfrogs of all of them.
+    """
+    leaf = functools.partial(_leaf, vg, unrolled, max_energy_diff)
+    extend = functools.partial(_extend_trajectory, max_tree_depth)
+    finish = functools.partial(_finish_trajectory, unrolled)
+
+    @wrap
+    def build_tree(depth, direction, q, p, g, logp, eps, h0, seed):
+        """Subtree of 2**depth leaves next to (q, p) in ``direction``: far end, proposal,
+        momentum at the near end, summed momentum, log-sum-weight, statistics, validity."""
+        if depth <= 0:
+            (q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid,
+             div) = leaf(direction, q, p, g, logp, eps, h0)
+            return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
+        seed_first, seed_second, seed_pick = _split(seed, 3)
+        (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1,
+         div1) = build_tree(depth - 1, direction, q, p, g, logp, eps, h0, seed_first)
+        if not valid1:
+            return q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1, div1
+        (q2, p2, g2, l2, qp2, gp2, lp2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
+         div2) = build_tree(depth - 1, direction, q1, p1, g1, l1, eps, h0, seed_second)
+        (qp, gp, lp, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
+            seed_pick, qp1, gp1, lp1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
+            qp2, gp2, lp2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
+        return q2, p2, g2, l2, qp, gp, lp, p_beg1, rho, lsw, metro, leaves, valid, div
+
+    @wrap
+    def trajectory(q0, logp0, g0, eps, seed):
+        """One NUTS transition from (q0, logp0, g0)."""
+        (seed, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, leaves,
+         metro, accepted, reach_max, div, go) = _start_trajectory(q0, logp0, g0, seed)
+        while go:
+            (seed, seed_tree, forward, direction, q_i, p_i, g_i,
+             l_i) = _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb)
+            (q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, metro_sub, leaves_sub,
+             valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i, eps, h0,
+                                          seed_tree)
+            leaves, metro, div = _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub)
+            (seed, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, accepted,
+             reach_max, go) = extend(seed, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s,
+                                     l_s, rho, lsw, depth, accepted, q_e, p_e, g_e, l_e, qp,
+                                     gp, lp, p_beg, rho_sub, lsw_sub, valid)
+        log_accept, leapfrogs = finish(leaves, metro)
+        return q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div
+
+    @wrap
+    def run_trajectories(num, q, logp, g, eps, seed):
+        """``num`` trajectories in sequence (Figure 7: the batch can overlap them)."""
+        (t, leapfrogs, log_accept, accepted, reach_max, div) = _start_steps(q)
+        while t < num:
+            seed, seed_traj = _next_seed(seed)
+            (q, logp, g, log_accept, accepted, more, reach_max,
+             div) = trajectory(q, logp, g, eps, seed_traj)
+            leapfrogs = leapfrogs + more
+            t = t + 1
+        return q, logp, g, log_accept, accepted, leapfrogs, reach_max, div
+
+    return run_trajectories
+
+# }}}
+
+# {{{ the TransitionKernel
+
+
+class NoUTurnSampler(tfp.mcmc.TransitionKernel):
+    """NUTS whose recursive tree building is batched over chains by ``tfx_vec.autobatch``.
+
+    Args:
+      target_log_prob_fn: ``f(*state_parts) -> [chains]`` log-density; each state part has a
+        leading chain dimension.  It may be called on junk values for chains that are not at
+        the leapfrog (their results are discarded), so it must not raise on finite inputs.
+      step_size: a float, a tensor broadcastable to each state part (``[chains, 1]`` gives a
+        step size per chain), or a list with one such entry per state part.
+      max_tree_depth: a trajectory has at most ``2**max_tree_depth - 1`` leaves.
+      max_energy_diff: a leaf whose energy exceeds the initial one by more is a divergence.
+      unrolled_leapfrog_steps: leapfrog steps per leaf (the paper uses 4 to amortize control).
+      num_trajectories_per_step: trajectories run back to back in one batched program per
+        ``one_step``; only the last state is returned (thinning).  With the program-counter
+        runtime the batch then synchronizes on gradients rather than trajectory boundaries.
+      runtime: ``"program_counter"`` (one ``tf.while_loop``; works under
+        ``tf.function(jit_compile=True)``), ``"local_static"`` (eager, Python recursion),
+        ``"hybrid"`` (local static with XLA-compiled basic blocks) or ``"python"`` (the same
+        program run directly, one chain at a time: the unbatched reference).
+      seed: seed for steps that are not given one (stateless; carried in the kernel results).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> k = NoUTurnSampler(lambda x: -0.5 * tf.reduce_sum(x * x, -1), 0.3, runtime="python")
+        >>> x, r = k.one_step(tf.ones([2, 2]), k.bootstrap_results(tf.ones([2, 2])), seed=(4, 2))
+        >>> r.leapfrogs_taken.shape
+        TensorShape([2])
+    """
+
+    def __init__(self, target_log_prob_fn: Callable, step_size: Any, max_tree_depth: int = 10,
+                 max_energy_diff: float = 1000.0, unrolled_leapfrog_steps: int = 1,
+                 num_trajectories_per_step: int = 1, runtime: str = "program_counter",
+                 seed: Any = None, name: str | None = None):
+        if int(max_tree_depth) < 1:
+            raise ValueError(f"NoUTurnSampler: max_tree_depth must be >= 1, got {max_tree_depth}")
+        if int(unrolled_leapfrog_steps) < 1:
+            raise ValueError("NoUTurnSampler: unrolled_leapfrog_steps must be >= 1, got "
+                             f"{unrolled_leapfrog_steps}")
+        if int(num_trajectories_per_step) < 1:
+            raise ValueError("NoUTurnSampler: num_trajectories_per_step must be >= 1, got "
+                             f"{num_trajectories_per_step}")
+        if runtime not in RUNTIMES:
+            raise ValueError(f"NoUTurnSampler: runtime must be one of {RUNTIMES}, got {runtime!r}")
+        self._parameters = dict(
+            target_log_prob_fn=target_log_prob_fn, step_size=step_size,
+            max_tree_depth=int(max_tree_depth), max_energy_diff=float(max_energy_diff),
+            unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
+            num_trajectories_per_step=int(num_trajectories_per_step), runtime=runtime,
+            seed=seed, name=name or "tfx_vec_nuts")
+        self._programs: dict = {}
+
+    # -- TFP kernel protocol -------------------------------------------------------------
+    @property
+    def parameters(self) -> dict:
+        return self._parameters
+
+    def __getattr__(self, name):
+        params = self.__dict__.get("_parameters", {})
+        if name in params:
+            return params[name]
+        raise AttributeError(name)
+
+    @property
+    def is_calibrated(self) -> bool:
+        return True
+
+    def bootstrap_results(self, init_state: Any) -> NUTSKernelResults:
+        parts = self._parts(init_state)
+        spec = _StateSpec(parts)
+        logp, g = spec.value_and_grad(self.target_log_prob_fn, spec.flatten(parts))
+        if logp.shape.rank != 1:
+            raise ValueError("NoUTurnSampler: target_log_prob_fn must return one value per chain "
+                             f"(shape [chains]), got shape {logp.shape}")
+        zeros_i = tf.zeros_like(logp, tf.int32)
+        false = tf.zeros_like(logp, tf.bool)
+        step_size = tf.nest.map_structure(
+            lambda s: tf.convert_to_tensor(s, spec.dtype), self.step_size)
+        seed = samplers.sanitize_seed(self.seed, salt="tfx_vec_nuts")
+        return NUTSKernelResults(
+            target_log_prob=logp, grads_target_log_prob=spec.unflatten(g), step_size=step_size,
+            log_accept_ratio=tf.zeros_like(logp), is_accepted=false, leapfrogs_taken=zeros_i,
+            leapfrogs_computed=zeros_i, reach_max_depth=false, has_divergence=false, seed=seed)
+
+    def one_step(self, current_state: Any, previous_kernel_results: NUTSKernelResults,
+                 seed: Any = None):
+        with tf.name_scope(self.name):
+            parts = self._parts(current_state)
+            spec = _StateSpec(parts)
+            prev = previous_kernel_results
+            seed = samplers.sanitize_seed(prev.seed if seed is None else seed)
+            seed, next_seed = samplers.split_seed(seed)
+            q = spec.flatten(parts)
+            chains = tf.shape(q)[0]
+            eps = self._flat_step_size(spec, parts, prev.step_size)
+            num = tf.fill([chains], tf.constant(self.num_trajectories_per_step, tf.int32))
+            args = (num, q, tf.convert_to_tensor(prev.target_log_prob, spec.dtype),
+                    spec.flatten(prev.grads_target_log_prob), eps,
+                    chain_seeds(seed, chains))
+            (q, logp, g, log_accept, accepted, leapfrogs, reach_max,
+             div) = self._run(spec, args)
+            new_state = spec.unflatten(q)
+            if not tf.nest.is_nested(current_state):
+                new_state = new_state[0]
+            results = NUTSKernelResults(
+                target_log_prob=logp, grads_target_log_prob=spec.unflatten(g),
+                step_size=prev.step_size, log_accept_ratio=log_accept, is_accepted=accepted,
+                leapfrogs_taken=prev.leapfrogs_taken + leapfrogs,
+                leapfrogs_computed=prev.leapfrogs_computed + tf.reduce_max(leapfrogs),
+                reach_max_depth=reach_max, has_divergence=div, seed=next_seed)
+            return new_state, results
+
+    # -- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _parts(state: Any) -> list[tf.Tensor]:
+        parts = list(state) if tf.nest.is_nested(state) else [state]
+        return [tf.convert_to_tensor(p) for p in parts]
+
+    @staticmethod
+    def _flat_step_size(spec: _StateSpec, parts: list[tf.Tensor], step_size: Any) -> tf.Tensor:
+        steps = list(step_size) if tf.nest.is_nested(step_size) else [step_size]
+        if len(steps) == 1:
+            steps = steps * len(parts)
+        if len(steps) != len(parts):
+            raise ValueError(f"NoUTurnSampler: expected 1 or {len(parts)} step sizes (one per "
+                             f"state part), got {len(steps)}")
+        full = []
+        for s, p in zip(steps, parts):
+            s = tf.convert_to_tensor(s, spec.dtype)
+            try:
+                full.append(tf.broadcast_to(s, tf.shape(p)))
+            except (tf.errors.InvalidArgumentError, ValueError) as e:
+                raise ValueError(f"NoUTurnSampler: step size of shape {s.shape} does not "
+                                 f"broadcast to the state part of shape {p.shape} (use "
+                                 "[chains, 1, ...] for a step size per chain)") from e
+        return spec.flatten(full)
+
+    def _program(self, spec: _StateSpec, batched: bool) -> Callable:
+        key = (spec.key, batched)
+        if key not in self._programs:
+            vg = functools.partial(spec.value_and_grad, self.target_log_prob_fn)
+            if batched:
+                from tfx_vec import autobatch as ab
+                wrap = ab.function(max_stack_depth=self.max_tree_depth + 4)
+            else:
+                wrap = _identity
+            self._programs[key] = _make_program(vg, self.max_tree_depth, self.max_energy_diff,
+                                                self.unrolled_leapfrog_steps, wrap)
+        return self._programs[key]
+
+    def _run(self, spec: _StateSpec, args: tuple) -> tuple:
+        if self.runtime == "python":
+            if not tf.executing_eagerly():
+                raise ValueError('NoUTurnSampler: runtime="python" runs chains one at a time in '
+                                 "eager mode; use runtime=\"program_counter\" inside tf.function")
+            program = self._program(spec, batched=False)
+            rows = [program(*(a[b:b + 1] for a in args)) for b in range(int(args[1].shape[0]))]
+            return tuple(tf.concat(col, axis=0) for col in zip(*rows))
+        program = self._program(spec, batched=True)
+        return tuple(program(*args, runtime=self.runtime))
+
+
+def _identity(fn: Callable) -> Callable:
+    return fn
+
+# }}}
