@@ -1,0 +1,351 @@
+"""Converters for functional control flow: conditionals, loops and function calls (§3.6, §3.7).
+
+- ``If``/``StatelessIf``/``Case``/``StatelessCase``.  A loop-variant predicate (branch index):
+  the iterations are partitioned by branch (``tf.dynamic_partition`` of the active indices),
+  each branch is vectorized recursively for its own iterations only (its stacked inputs --
+  the loop index among them -- gathered to those rows) and the results are stitched back
+  (``tf.dynamic_stitch``).  A loop-invariant predicate keeps one ``tf.cond``/``tf.switch_case``
+  whose branches are the vectorized branches.
+- ``While``/``StatelessWhile``.  Which loop variables are stacked is found first, by a fixed
+  point (a loop-invariant variable becomes stacked when the body makes it loop-variant).  A
+  loop-invariant condition keeps one ``tf.while_loop`` over the vectorized body.  A loop-variant
+  condition gives one ``tf.while_loop`` that tracks the still-active iterations: each step
+  evaluates the vectorized condition on them, writes the finished ones' values into
+  per-iteration ``TensorArray``s and runs the vectorized body on the rest.
+- ``PartitionedCall``/``StatefulPartitionedCall`` (a ``tf.function`` called from the body):
+  the function body is vectorized inline.
+- Under ``tf.function(jit_compile=True)`` (or the vectorizer's ``xla`` option), where the
+  data-dependent shapes of partitioning cannot compile, a loop-variant predicate or condition
+  uses the *masked* form instead: every branch (the body) runs on all iterations and
+  ``tf.where`` on the predicate (the still-active mask) selects each iteration's values.
+
+Example:
+    >>> import tensorflow as tf, tfx_vec
+    >>> f = lambda i: tf.cond(i % 2 == 0, lambda: i * 10, lambda: -i)
+    >>> tfx_vec.pfor(f, 4).numpy().tolist()
+    [0, -1, 20, -3]
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable, Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import func_graph as func_graph_module
+from tensorflow.python.framework import function_def_to_graph
+from tensorflow.python.ops import control_flow_util, handle_data_util
+
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter, tile_to_stacked
+
+
+# {{{ helpers
+
+def function_graph(op: tf.Operation, attr: str | None = None, name: str | None = None
+                   ) -> tf.Graph:
+    """The FuncGraph of the function named by ``op``'s attr ``attr`` (or by ``name``)."""
+    if name is None:
+        name = op.get_attr(attr).name
+    g, fn = op.graph, None
+    while g is not None and fn is None:
+        fn = g._get_function(name)  # pylint: disable=protected-access
+        g = getattr(g, "outer_graph", None)
+    if fn is None:
+        raise ValueError(f"function {name} of op {op.name} not found in its graph")
+    graph = getattr(fn, "graph", None)
+    if graph is None:
+        graph = function_def_to_graph.function_def_to_graph(fn.definition)
+    return graph
+
+
+def in_xla_context(x: ConversionInput) -> bool:
+    """Whether the vectorized ops are emitted inside a ``jit_compile=True`` trace."""
+    if getattr(x.vectorizer, "xla", False):
+        return True
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _stack(w: WrappedTensor, n: tf.Tensor) -> tf.Tensor:
+    return w.t if w.is_stacked else tile_to_stacked(w.t, n)
+
+
+def _gather_rows(inputs: Sequence[WrappedTensor], rows: tf.Tensor) -> list[WrappedTensor]:
+    return [WrappedTensor(tf.gather(w.t, rows), True) if w.is_stacked else w for w in inputs]
+
+
+def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]:
+    return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
+
+
+def _placeholder_like(w: WrappedTensor) -> WrappedTensor:
+    p = tf.compat.v1.placeholder(w.t.dtype, w.t.shape)
+    if w.t.dtype == tf.variant or w.t.dtype == tf.resource:
+        handle_data_util.copy_handle_data(w.t, p)
+    return WrappedTensor(p, w.is_stacked)
+
+
+def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor]) -> list[bool]:
+    """Which outputs of ``graph`` come out stacked for ``inputs`` (built in a scratch graph)."""
+    from tfx_vec.pfor import vectorizer as vmod
+    saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
+    saved_list = list(getattr(x.vectorizer, "fallbacks", []))
+    scratch = func_graph_module.FuncGraph("pfor_dry_run")
+    try:
+        with scratch.as_default():
+            n = tf.compat.v1.placeholder(tf.int32, [])
+            outs = _convert(x, graph, [_placeholder_like(w) for w in inputs], n)
+            return [w.is_stacked for w in outs]
+    finally:
+        if hasattr(vmod, "_FALLBACKS"):
+            vmod._FALLBACKS.clear()
+            vmod._FALLBACKS.update(saved_counts)
+        if hasattr(x.vectorizer, "fallbacks"):
+            x.vectorizer.fallbacks[:] = saved_list
+
+
+def _expand_mask(mask: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+    """``[n]`` bool -> ``[n, 1, ...]`` to broadcast against ``like``."""
+    extra = tf.rank(like) - 1
+    return tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([extra], tf.int32)], 0))
+
+
+def _select(mask: tf.Tensor, a: WrappedTensor, b: WrappedTensor, n) -> WrappedTensor:
+    if not a.is_stacked and not b.is_stacked and a.t is b.t:
+        return a
+    ta, tb = _stack(a, n), _stack(b, n)
+    return WrappedTensor(tf.where(_expand_mask(mask, ta), ta, tb), True)
+
+# }}}
+
+
+# {{{ If / Case
+
+def _branch_index(x: ConversionInput, num_branches: int) -> WrappedTensor:
+    """If: 1 for the then branch, 0 for else. Case: out-of-range indices run the last branch."""
+    w = x.inputs[0]
+    if x.op_type in ("If", "StatelessIf"):
+        pred = w.t if w.t.dtype == tf.bool else tf.cast(w.t, tf.bool)
+        return WrappedTensor(tf.cast(pred, tf.int32), w.is_stacked)
+    idx = tf.cast(w.t, tf.int32)
+    idx = tf.where((idx < 0) | (idx >= num_branches), num_branches - 1, idx)
+    return WrappedTensor(idx, w.is_stacked)
+
+
+def _branch_graphs(x: ConversionInput) -> list:
+    if x.op_type in ("If", "StatelessIf"):
+        # Partition index 0 = else, 1 = then.
+        return [function_graph(x.op, "else_branch"), function_graph(x.op, "then_branch")]
+    return [function_graph(x.op, name=f.name) for f in x.attr("branches")]
+
+
+@register_converter("If", "StatelessIf", "Case", "StatelessCase")
+def _convert_conditional(x: ConversionInput):
+    graphs = _branch_graphs(x)
+    index = _branch_index(x, len(graphs))
+    args = x.inputs[1:]
+    if not index.is_stacked:
+        return _invariant_conditional(x, index.t, graphs, args)
+    if in_xla_context(x):
+        return _masked_conditional(x, index.t, graphs, args)
+    return _partitioned_conditional(x, index.t, graphs, args)
+
+
+def _invariant_conditional(x, index, graphs, args):
+    flags = [any(fs) for fs in zip(*(dry_run(x, g, args) for g in graphs))]
+
+    def branch(g):
+        def run():
+            outs = _convert(x, g, args, x.loop_len)
+            return [_stack(w, x.loop_len) if f else w.t for w, f in zip(outs, flags)]
+        return run
+
+    outs = tf.switch_case(index, [branch(g) for g in graphs])
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    return [WrappedTensor(t, f) for t, f in zip(outs, flags)]
+
+
+def _partitioned_conditional(x, index, graphs, args):
+    k = len(graphs)
+    rows = tf.dynamic_partition(tf.range(x.loop_len), index, k)
+    results = []
+    for g, r in zip(graphs, rows):
+        m = tf.size(r)
+        outs = _convert(x, g, _gather_rows(args, r), m)
+        results.append([_stack(w, m) for w in outs])
+    return [WrappedTensor(tf.dynamic_stitch(rows, list(parts)), True)
+            for parts in zip(*results)] if results and results[0] else []
+
+
+def _masked_conditional(x, index, graphs, args):
+    outs = [_convert(x, g, args, x.loop_len) for g in graphs]
+    merged = outs[-1]
+    for b in range(len(graphs) - 2, -1, -1):
+        mask = tf.equal(index, b)
+        merged = [_select(mask, a, m, x.loop_len) for a, m in zip(outs[b], merged)]
+    return merged
+
+# }}}
+
+
+# {{{ PartitionedCall
+
+@register_converter("PartitionedCall", "StatefulPartitionedCall")
+def _convert_call(x: ConversionInput):
+    return _convert(x, function_graph(x.op, "f"), x.inputs, x.loop_len)
+
+# }}}
+
+
+# {{{ While
+
+class _While:
+    """Vectorizes one While op (see the module docstring)."""
+
+    def __init__(self, x: ConversionInput):
+        self.x = x
+        self.cond = function_graph(x.op, "cond")
+        self.body = function_graph(x.op, "body")
+        self.n = x.loop_len
+        self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
+        self.parallel_iterations = x.attr("parallel_iterations") or 10
+
+    def stacked_flags(self, flags: list[bool]) -> list[bool]:
+        """Fixed point: a variable is stacked if its initial value or the body makes it so."""
+        while True:
+            probe = [_placeholder_like(WrappedTensor(w.t, f)) for w, f in
+                     zip(self._init(flags), flags)]
+            out = dry_run(self.x, self.body, probe)
+            new = [f or o for f, o in zip(flags, out)]
+            if new == flags:
+                return flags
+            flags = new
+
+    def _init(self, flags) -> list[WrappedTensor]:
+        return [WrappedTensor(_stack(w, self.n), True) if f else w
+                for w, f in zip(self.x.inputs, flags)]
+
+    def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
+        shape = self.x.op.outputs[i].shape
+        if not stacked or self.x.op.outputs[i].dtype == tf.variant:
+            return shape
+        return tf.TensorShape([None]).concatenate(shape)
+
+    def convert(self):
+        x = self.x
+        flags = self.stacked_flags([w.is_stacked for w in x.inputs])
+        probe = [_placeholder_like(w) for w in self._init(flags)]
+        cond_stacked = dry_run(x, self.cond, probe)[0]
+        if not cond_stacked:
+            return self.invariant_cond(flags)
+        if in_xla_context(x):
+            return self.masked(flags)
+        if any(f and w.t.dtype == tf.variant for w, f in zip(x.inputs, flags)):
+            return None  # stacked TensorLists in a loop-variant loop: per-iteration fallback
+        return self.partitioned(flags)
+
+    def _body_fn(self, flags, n_fn: Callable[[], tf.Tensor]):
+        def body(*vars_):
+            outs = _convert(self.x, self.body, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
+                            n_fn())
+            return [_stack(w, n_fn()) if f else w.t for w, f in zip(outs, flags)]
+        return body
+
+    def invariant_cond(self, flags):
+        """One loop: every iteration runs the same number of steps."""
+        x = self.x
+
+        def cond(*vars_):
+            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
+                         self.n)[0]
+            return tf.reshape(c.t, [])
+
+        init = [w.t for w in self._init(flags)]
+        outs = tf.while_loop(cond, self._body_fn(flags, lambda: self.n), init,
+                             shape_invariants=[self.shape_invariant(i, f)
+                                               for i, f in enumerate(flags)],
+                             parallel_iterations=self.parallel_iterations)
+        return [WrappedTensor(t, f) for t, f in zip(outs, flags)]
+
+    def masked(self, flags):
+        """XLA form: run the body on every iteration, keep the values of the active ones."""
+        x, n = self.x, self.n
+        flags = [f or not p for f, p in zip(flags, self.pass_through)]
+        init = [w.t for w in self._init(flags)]
+
+        def active_of(vars_):
+            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)], n)[0]
+            return tf.reshape(_stack(c, n), [-1])
+
+        body_fn = self._body_fn(flags, lambda: n)
+
+        def body(active, *vars_):
+            new = body_fn(*vars_)
+            merged = [_select(active, WrappedTensor(a, f), WrappedTensor(b, f), n).t if f else a
+                      for a, b, f in zip(new, vars_, flags)]
+            return [active & active_of(merged)] + merged
+
+        outs = tf.while_loop(lambda active, *_: tf.reduce_any(active), body,
+                             [active_of(init)] + init,
+                             shape_invariants=[tf.TensorShape([None])] + [
+                                 self.shape_invariant(i, f) for i, f in enumerate(flags)],
+                             parallel_iterations=self.parallel_iterations)
+        return [WrappedTensor(t, f) for t, f in zip(outs[1:], flags)]
+
+    def partitioned(self, flags):
+        """Paper §3.7: track the active iterations; finished ones go to TensorArrays."""
+        x, n = self.x, self.n
+        k = len(flags)
+        tracked = [not p for p in self.pass_through]
+        tas = [tf.TensorArray(o.dtype, size=n, infer_shape=False,
+                              element_shape=o.shape if o.shape.is_fully_defined() else None)
+               for o in x.op.outputs]
+        init_vars = [w.t for w in self._init(flags)]
+        body_fn = None
+
+        def body(not_done, rows, *state):
+            nonlocal body_fn
+            vars_, tas_ = list(state[:k]), list(state[k:])
+            m = tf.size(rows)
+            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)], m)[0]
+            c = tf.reshape(_stack(c, m), [-1])
+            done_pos, keep_pos = tf.dynamic_partition(tf.range(m), tf.cast(c, tf.int32), 2)
+            done_rows = tf.gather(rows, done_pos)
+            for i in range(k):
+                if tracked[i]:
+                    w = WrappedTensor(vars_[i], flags[i])
+                    done_vals = (tf.gather(w.t, done_pos) if flags[i]
+                                 else tile_to_stacked(w.t, tf.size(done_pos)))
+                    tas_[i] = tas_[i].scatter(done_rows, done_vals)
+            kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, flags)]
+            rows = tf.gather(rows, keep_pos)
+            not_done = tf.size(keep_pos) > 0
+            body_fn = self._body_fn(flags, lambda: tf.size(rows))
+            new = tf.cond(not_done, lambda: body_fn(*kept), lambda: kept)
+            if not isinstance(new, (list, tuple)):
+                new = [new]
+            return [not_done, rows] + list(new) + tas_
+
+        invariants = ([tf.TensorShape([]), tf.TensorShape([None])]
+                      + [self.shape_invariant(i, f) for i, f in enumerate(flags)]
+                      + [tf.TensorShape(None)] * k)
+        res = tf.while_loop(lambda not_done, *_: not_done, body,
+                            [tf.constant(True), tf.range(n)] + init_vars + tas,
+                            shape_invariants=invariants,
+                            parallel_iterations=self.parallel_iterations)
+        final_tas = res[2 + k:]
+        outs = []
+        for i in range(k):
+            if tracked[i]:
+                stacked_out = final_tas[i].stack()
+                stacked_out.set_shape(self.shape_invariant(i, True))
+                outs.append(WrappedTensor(stacked_out, True))
+            else:
+                outs.append(x.inputs[i])
+        return outs
+
+
+@register_converter("While", "StatelessWhile")
+def _convert_while(x: ConversionInput):
+    return _While(x).convert()
+
+# }}}
