@@ -109,7 +109,7 @@ def _uniform(seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 
 def _normal(seed: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
     """``dim`` standard normals per chain (Box-Muller): seed ``[B, 2]`` -> ``[B, dim]``."""
-    idx = tf.cast(tf.range(1, dim + 1), tf.uint32)
+    idx = tf.cast(tf.range(1, dim + 1), tf.uint32)[None, :]  # [1, dim] against seeds [B]
     u1 = _uniforms(seed, 2 * idx, dtype)
     u2 = _uniforms(seed, 2 * idx + 1, dtype)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
