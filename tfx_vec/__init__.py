@@ -13,3 +13,11 @@ Example:
     True
 """
 __version__ = "0.1.0"
+
+# pfor core (callable module: ``tfx_vec.pfor(loop_fn, iters)``).
+from tfx_vec import pfor  # noqa: E402
+from tfx_vec.pfor import (VectorizationError, fallback_report, register_converter,  # noqa: E402
+                          reset_fallbacks, vectorized_map)
+
+# --- pfor gradients (P3): jacobian, batch_jacobian, hessian, per_example_gradients go here ---
+# --- end pfor gradients ---

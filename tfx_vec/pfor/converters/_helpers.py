@@ -61,6 +61,14 @@ def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: st
     ``attrs`` values may be AttrValue protos or plain Python values (converted through
     ``attr_value``).  Returns the new op's outputs.
     """
+    return list(emit_op(op, inputs, op_type=op_type, dtypes=dtypes, attrs=attrs,
+                        drop_attrs=drop_attrs).outputs)
+
+
+def emit_op(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: str | None = None,
+            dtypes: Sequence[tf.DType] | None = None, attrs: dict[str, Any] | None = None,
+            drop_attrs: Sequence[str] = ()) -> tf.Operation:
+    """Like :func:`create_op_like` but returns the new ``tf.Operation``."""
     graph = tf_ops.get_default_graph()
     copy_functions(op, graph)
     new_attrs = {k: v for k, v in op.node_def.attr.items()
@@ -76,7 +84,7 @@ def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: st
     for name in new_attrs:
         flat.extend([name, new_op.get_attr(name)])
     execute.record_gradient(op_type, new_op.inputs, tuple(flat), new_op.outputs[:])
-    return list(new_op.outputs)
+    return new_op
 
 
 def attr_value(v: Any):

@@ -1,0 +1,38 @@
+"""``tfx_vec.pfor``: static vectorization of parallel-for loops over TF graphs.
+
+The module itself is callable — ``tfx_vec.pfor(loop_fn, iters)`` is :func:`api.pfor` — while
+``tfx_vec.pfor.vectorized_map``, ``register_converter``, ``fallback_report`` and the
+submodules stay importable.
+
+Pipeline (one module per stage): ``trace`` (loop body → FuncGraph) → ``vectorizer`` (greedy
+walk, converters from ``registry`` / ``converters/``, per-op loop fallback) → ``api``
+(binding, chunking, eager caching).
+
+Example:
+    >>> import tensorflow as tf, tfx_vec
+    >>> tfx_vec.pfor(lambda i: tf.range(3) * i, 2).numpy().tolist()
+    [[0, 0, 0], [0, 1, 2]]
+"""
+import sys
+import types
+
+from tfx_vec.pfor.errors import PforError, VectorizationError
+from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, lookup, register_converter,
+                                   registered_op_types)
+from tfx_vec.pfor.vectorizer import FallbackReport, Vectorizer, fallback_report, reset_fallbacks
+from tfx_vec.pfor.api import cache_stats, pfor, vectorized_map
+from tfx_vec.pfor.trace import PforConfig
+
+__all__ = ["pfor", "vectorized_map", "register_converter", "lookup", "registered_op_types",
+           "VectorizationError", "PforError", "WrappedTensor", "ConversionInput", "Vectorizer",
+           "fallback_report", "reset_fallbacks", "FallbackReport", "PforConfig", "cache_stats"]
+
+
+class _CallableModule(types.ModuleType):
+    """Makes ``tfx_vec.pfor(loop_fn, iters)`` call :func:`tfx_vec.pfor.api.pfor`."""
+
+    def __call__(self, loop_fn, iters, **kwargs):
+        return pfor(loop_fn, iters, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,138 @@
+"""Converters for math ops: element-wise, broadcasting, matmul/einsum, reductions, scans.
+
+Example:
+    >>> import tensorflow as tf, tfx_vec
+    >>> w = tf.ones([3, 2])
+    >>> x = tf.ones([4, 5, 3])
+    >>> tfx_vec.pfor(lambda i: tf.matmul(tf.gather(x, i), w), 4).shape  # one [20,3]@[3,2]
+    TensorShape([4, 5, 2])
+"""
+from __future__ import annotations
+
+import string
+
+import numpy as np
+import tensorflow as tf
+
+from tfx_vec.pfor.converters._helpers import (align_ranks, broadcasting, create_op_like,
+                                              elementwise, expand_after_batch, fold_batch,
+                                              per_iteration_rank, reduction, reemit_stacked,
+                                              same_shape, stacked, unfold_batch)
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+# {{{ element-wise unary ops (one op per element, any shape)
+
+UNARY_OPS = (
+    "Abs", "Neg", "Exp", "Log", "Log1p", "Expm1", "Sqrt", "Rsqrt", "Square", "Sin", "Cos",
+    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Tanh", "Asinh", "Acosh", "Atanh",
+    "Sigmoid", "Erf", "Erfc", "Erfinv", "Ndtri", "Lgamma", "Digamma", "Sign", "Floor", "Ceil",
+    "Round", "Rint", "Reciprocal", "Inv", "IsNan", "IsInf", "IsFinite", "LogicalNot",
+    "Softplus", "Softsign", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Real", "Imag", "Conj",
+    "Angle", "ComplexAbs", "Invert", "PopulationCount", "BesselI0e", "BesselI1e", "Dawsn",
+    "Expint", "FresnelCos", "FresnelSin", "Spence", "BesselI0", "BesselI1", "BesselJ0",
+    "BesselJ1", "BesselK0", "BesselK0e", "BesselK1", "BesselK1e", "BesselY0", "BesselY1",
+    "Cast", "CheckNumerics", "Identity", "StopGradient", "PreventGradient", "Snapshot",
+    "ZerosLike", "OnesLike", "Bitcast",
+)
+elementwise(*UNARY_OPS)
+
+# }}}
+
+# {{{ broadcasting n-ary ops
+
+BINARY_OPS = (
+    "AddV2", "Add", "Sub", "Mul", "Div", "RealDiv", "DivNoNan", "MulNoNan", "FloorDiv",
+    "FloorMod", "TruncateDiv", "TruncateMod", "Mod", "Pow", "Maximum", "Minimum",
+    "SquaredDifference", "Atan2", "Xdivy", "Xlogy", "Xlog1py", "BitwiseAnd", "BitwiseOr",
+    "BitwiseXor", "LeftShift", "RightShift", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "Igamma", "Igammac", "Zeta", "Polygamma",
+    "NextAfter", "Complex", "Betainc", "SelectV2", "ClipByValue",
+)
+broadcasting(*BINARY_OPS)
+same_shape("AddN", "ApproximateEqual")
+
+
+@register_converter("Select")
+def _select(x: ConversionInput):
+    """``Select``: a rank-1 condition picks rows of higher-rank branches (no broadcasting)."""
+    cond_rank, t_rank = per_iteration_rank(x.input(0)), per_iteration_rank(x.input(1))
+    if cond_rank is None or t_rank is None:
+        return None
+    cond, t, e = (x.stacked_input(i) for i in range(3))
+    if cond_rank == 1 and t_rank > 1:
+        cond = tf.reshape(cond, tf.concat([tf.shape(cond), tf.ones([t_rank - 1], tf.int32)], 0))
+    return stacked(tf.raw_ops.SelectV2(condition=cond, t=t, e=e))
+
+# }}}
+
+# {{{ matrix products (paper §3.4: stacked x invariant = one reshaped matmul)
+
+
+@register_converter("MatMul")
+def _matmul(x: ConversionInput):
+    a, b = x.input(0), x.input(1)
+    ta, tb = x.attr("transpose_a"), x.attr("transpose_b")
+    if a.is_stacked and not b.is_stacked:
+        at = tf.transpose(a.t, [0, 2, 1]) if ta else a.t          # [n, m, k]
+        flat, lead = fold_batch(at)                                # [n*m, k]
+        out = tf.matmul(flat, b.t, transpose_b=tb)
+        return stacked(unfold_batch(out, lead, at.shape[:2]))
+    if b.is_stacked and not a.is_stacked:
+        # a @ b_i for every i: [m,k] @ [k, n*p] after moving the batch next to the columns.
+        bt = tf.transpose(b.t, [0, 2, 1]) if tb else b.t          # [n, k, p]
+        k_p = tf.shape(bt)[1:]
+        cols = tf.reshape(tf.transpose(bt, [1, 0, 2]), [k_p[0], -1])  # [k, n*p]
+        out = tf.matmul(a.t, cols, transpose_a=ta)                 # [m, n*p]
+        out = tf.reshape(out, [tf.shape(out)[0], -1, k_p[1]])
+        out = tf.transpose(out, [1, 0, 2])
+        out.set_shape([bt.shape[0], x.op.outputs[0].shape[0], bt.shape[2]])
+        return stacked(out)
+    return stacked(tf.linalg.matmul(a.t, b.t, transpose_a=ta, transpose_b=tb))
+
+
+@register_converter("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+def _batch_matmul(x: ConversionInput):
+    a, b = x.input(0), x.input(1)
+    adj_x, adj_y = x.attr("adj_x"), x.attr("adj_y")
+    if a.is_stacked and not b.is_stacked and b.t.shape.rank == 2 and not adj_x:
+        flat, lead = fold_batch(a.t, a.t.shape.rank - 2)           # [n*...*m, k]
+        out = tf.matmul(flat, b.t, adjoint_b=adj_y)
+        if out.dtype != x.op.outputs[0].dtype:
+            out = tf.cast(out, x.op.outputs[0].dtype)
+        return stacked(unfold_batch(out, lead, a.t.shape[:-1]))
+    aligned = align_ranks(x)
+    if aligned is None:
+        return None
+    if x.op_type == "BatchMatMul":  # V1 does not broadcast; V2 does and agrees otherwise
+        return stacked(tf.raw_ops.BatchMatMulV2(x=aligned[0], y=aligned[1], adj_x=adj_x,
+                                                adj_y=adj_y))
+    return reemit_stacked(x, aligned)
+
+
+_LETTERS = string.ascii_letters
+
+
+@register_converter("Einsum")
+def _einsum(x: ConversionInput):
+    """Give every stacked operand, and the output, a fresh leading batch label."""
+    equation = x.attr("equation").decode()
+    if "->" not in equation:
+        return None
+    lhs, rhs = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    free = [c for c in _LETTERS if c not in equation]
+    if not free:
+        return None
+    label = free[0]
+    new_terms = [label + t if w.is_stacked else t for t, w in zip(terms, x.inputs)]
+    new_eq = ",".join(new_terms) + "->" + label + rhs
+    return reemit_stacked(x, [w.t for w in x.inputs], attrs={"equation": new_eq})
+
+# }}}
+
+# {{{ reductions and scans: shift the axes past the batch axis
+
+reduction("Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm", "ArgMax",
+          "ArgMin", "Cumsum", "Cumprod", "CumulativeLogsumexp")
+
+# }}}

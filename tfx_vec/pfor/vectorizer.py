@@ -1,0 +1,323 @@
+"""The greedy vectorizer (paper §3.5): walk a loop body's ops in topological order.
+
+Every value of the body is kept as a :class:`~tfx_vec.pfor.registry.WrappedTensor`: *stacked*
+(``[n, ...]``, one row per iteration) or *loop-invariant* (the per-iteration value, never tiled
+unless an op needs it).  For each op:
+
+1. all inputs invariant and the op stateless → the op is re-emitted unchanged (invariant);
+2. otherwise the op type's converter (``registry.lookup``) emits the vectorized ops;
+3. no converter, or the converter returns None → the op alone runs in a ``tf.while_loop`` over
+   the iterations (outputs stacked through TensorArrays, shapes checked to agree across
+   iterations), counted in :func:`fallback_report`; with ``fallback_to_while_loop=False`` a
+   :class:`~tfx_vec.pfor.errors.VectorizationError` names the op and its source line instead.
+
+The walker never names an op type.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from tfx_vec.pfor.trace import trace_function
+    >>> traced = trace_function(lambda x: tf.sin(x) * 2.0, [tf.TensorSpec([3], tf.float32)])
+    >>> @tf.function
+    ... def run(xs):
+    ...     v = Vectorizer(tf.shape(xs)[0])
+    ...     out, = v.convert_graph(traced.graph, [WrappedTensor(xs, True)] + traced.capture_inputs())
+    ...     return out.t
+    >>> run(tf.ones([4, 3])).shape
+    TensorShape([4, 3])
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import warnings
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from tfx_vec.pfor import converters as _converters  # noqa: F401  (registers converters)
+from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
+from tfx_vec.pfor.errors import VectorizationError, op_error, runtime_message, user_source_line
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, lookup, tile_to_stacked
+
+RANDOMNESS = ("different", "same", "error")
+
+
+# {{{ fallback bookkeeping
+
+class FallbackReport(dict):
+    """``{op_type: count}`` of ops that ran in a per-iteration loop; ``.sources`` gives the
+    user source lines (``{op_type: {"file:line": count}}``)."""
+
+    def __init__(self, counts: dict[str, int], sources: dict[str, dict[str, int]]):
+        super().__init__(counts)
+        self.sources = sources
+
+    def __str__(self) -> str:
+        if not self:
+            return "no pfor fallbacks"
+        lines = ["pfor fallbacks (op type: count  [source lines]):"]
+        for op_type, count in sorted(self.items(), key=lambda kv: -kv[1]):
+            where = ", ".join(f"{s} x{c}" for s, c in self.sources[op_type].items())
+            lines.append(f"  {op_type}: {count}  [{where}]")
+        return "\n".join(lines)
+
+
+_FALLBACKS: collections.Counter = collections.Counter()
+
+
+def fallback_report() -> FallbackReport:
+    """Every op that pfor ran in a per-iteration loop since the last reset (process-wide).
+
+    Example:
+        >>> reset_fallbacks(); dict(fallback_report())
+        {}
+    """
+    counts: dict[str, int] = collections.Counter()
+    sources: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for (op_type, source), c in _FALLBACKS.items():
+        counts[op_type] += c
+        sources[op_type][source or "?"] = c
+    return FallbackReport(dict(counts), dict(sources))
+
+
+def reset_fallbacks() -> None:
+    """Forget every recorded fallback."""
+    _FALLBACKS.clear()
+
+# }}}
+
+
+@dataclasses.dataclass
+class Reduction:
+    """A cross-iteration reduction requested through ``config.reduce*`` in the loop body."""
+
+    fn: Callable[[tf.Tensor], tf.Tensor]
+    value: tf.Tensor           # the per-iteration value in the traced graph
+
+
+class Vectorizer:
+    """Converts loop bodies into vectorized ops emitted into the current default graph.
+
+    Options (carried for converters): ``fallback_to_while_loop``, ``parallel_iterations`` (of
+    fallback loops), ``randomness`` ("different": each iteration draws its own random numbers;
+    "same": one draw shared by all; "error": refuse random ops), ``xla`` (emitting inside a
+    ``jit_compile=True`` trace, where data-dependent shapes are not allowed).
+    """
+
+    def __init__(self, loop_len: tf.Tensor | int, *, fallback_to_while_loop: bool = True,
+                 parallel_iterations: int | None = None, randomness: str = "different",
+                 xla: bool = False, reductions: dict[str, Reduction] | None = None):
+        if randomness not in RANDOMNESS:
+            raise ValueError(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+        self.loop_len = tf.cast(tf.convert_to_tensor(loop_len), tf.int32)
+        self.fallback_to_while_loop = fallback_to_while_loop
+        self.parallel_iterations = parallel_iterations
+        self.randomness = randomness
+        self.xla = xla
+        self.reductions = dict(reductions or {})
+        #: (op type, source line) of every op of this conversion that fell back to a loop.
+        self.fallbacks: list[tuple[str, str | None]] = []
+
+    # {{{ graph walk
+
+    def convert_graph(self, graph: tf.Graph, inputs: Sequence[WrappedTensor],
+                      loop_len: tf.Tensor | None = None) -> list[WrappedTensor]:
+        """Vectorize the function body ``graph`` whose ``graph.inputs`` are bound to ``inputs``.
+
+        Emits into the current default graph and returns one value per ``graph.outputs``.
+        ``loop_len`` (default: this vectorizer's) is the number of rows of stacked values.
+        """
+        loop_len = self.loop_len if loop_len is None else tf.cast(loop_len, tf.int32)
+        if len(inputs) != len(graph.inputs):
+            raise VectorizationError(f"convert_graph: {len(graph.inputs)} graph inputs but "
+                                     f"{len(inputs)} values given")
+        env: dict[Any, WrappedTensor] = {}
+        for t, w in zip(graph.inputs, inputs):
+            if not isinstance(w, WrappedTensor):
+                raise TypeError(f"convert_graph inputs must be WrappedTensor, got {w!r}")
+            env[t.ref()] = w
+        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []))
+        for op in graph.get_operations():
+            if op in needed and not (op.outputs and all(o.ref() in env for o in op.outputs)):
+                self._convert_op(op, env, loop_len)
+        return [env[t.ref()] for t in graph.outputs]
+
+    def _convert_op(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
+        if op.type == "Placeholder":
+            self._convert_placeholder(op, env, loop_len)
+            return
+        inputs = [env[t.ref()] for t in op.inputs]
+        stateful = _is_stateful(op)
+        converter = lookup(op.type)
+        any_stacked = any(w.is_stacked for w in inputs)
+        if not any_stacked and (not stateful or self._invariant_stateful_ok(op, converter)):
+            outs = create_op_like(op, [w.t for w in inputs])
+            result = [WrappedTensor(t, False) for t in outs]
+        else:
+            result = None
+            if converter is not None:
+                result = self._call_converter(converter, op, inputs, loop_len)
+            if result is None:
+                result = self._fallback(op, inputs, loop_len)
+        for t, w in zip(op.outputs, result):
+            env[t.ref()] = w
+
+    def _invariant_stateful_ok(self, op: tf.Operation, converter) -> bool:
+        """A stateful op with invariant inputs and no converter: run it once, shared by all
+        iterations, when that cannot be told apart from running it per iteration."""
+        if converter is not None:
+            return False
+        return not op.outputs or self.randomness == "same"
+
+    def _convert_placeholder(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
+        red = self.reductions.get(op.outputs[0].name)
+        if red is None:
+            raise op_error(op, f"placeholder {op.name} of the loop body is not bound to a value")
+        w = env[red.value.ref()]
+        stacked = w.t if w.is_stacked else tile_to_stacked(w.t, loop_len)
+        out = tf.convert_to_tensor(red.fn(stacked))
+        env[op.outputs[0].ref()] = WrappedTensor(out, False)
+
+    def _call_converter(self, converter, op, inputs, loop_len):
+        x = ConversionInput(op, inputs, loop_len, self)
+        try:
+            result = converter(x)
+        except VectorizationError:
+            raise
+        except Exception as e:  # a converter bug or an unsupported corner: name the op
+            err = op_error(op, f"converter {getattr(converter, '__name__', converter)} failed: "
+                               f"{type(e).__name__}: {e}")
+            if not self.fallback_to_while_loop:
+                raise err from e
+            warnings.warn(f"{err}; running this op in a per-iteration loop instead")
+            return None
+        if result is None:
+            return None
+        if isinstance(result, WrappedTensor):
+            result = [result]
+        result = list(result)
+        _check_result(op, result)
+        return result
+
+    # }}}
+
+    # {{{ fallback: one op in a per-iteration loop
+
+    def _fallback(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor
+                  ) -> list[WrappedTensor]:
+        source = user_source_line(op)
+        if not self.fallback_to_while_loop:
+            raise op_error(op, "no vectorized converter for this op with inputs "
+                               f"stacked={[w.is_stacked for w in inputs]} and "
+                               "fallback_to_while_loop=False")
+        if self.xla:
+            warnings.warn(f"{op_error(op, 'falls back to a per-iteration loop inside an XLA trace')}")
+        self.fallbacks.append((op.type, source))
+        _FALLBACKS[(op.type, source)] += 1
+        return per_iteration_loop(op, inputs, loop_len, self.parallel_iterations)
+
+    # }}}
+
+
+def per_iteration_loop(op: tf.Operation, inputs: Sequence[WrappedTensor], loop_len: tf.Tensor,
+                       parallel_iterations: int | None = None) -> list[WrappedTensor]:
+    """Run ``op`` once per iteration in a ``tf.while_loop`` and stack its outputs.
+
+    Every output must have the same shape in every iteration; otherwise a run-time assertion
+    fails with a message naming the op (turned into a VectorizationError by the eager API).
+    """
+    out_dtypes = [o.dtype for o in op.outputs]
+    if not out_dtypes:  # side effects only (e.g. Assert, Print): run it, nothing to stack
+        def side_effect_body(i):
+            new_op = emit_op(op, _slice_inputs(inputs, i))
+            with tf.control_dependencies([new_op]):
+                return tf.identity(i + 1)
+        tf.while_loop(lambda i: i < loop_len, side_effect_body, (tf.constant(0),),
+                      parallel_iterations=parallel_iterations or 10)
+        return []
+    tas = [tf.TensorArray(d, size=loop_len, infer_shape=False,
+                          element_shape=_element_shape(o)) for d, o in zip(out_dtypes, op.outputs)]
+    shape_tas = [tf.TensorArray(tf.int32, size=loop_len, infer_shape=False) for _ in out_dtypes]
+
+    def body(i, tas, shape_tas):
+        outs = create_op_like(op, _slice_inputs(inputs, i))
+        tas = [ta.write(i, o) for ta, o in zip(tas, outs)]
+        shape_tas = [sta.write(i, tf.shape(o)) for sta, o in zip(shape_tas, outs)]
+        return i + 1, tas, shape_tas
+
+    _, tas, shape_tas = tf.while_loop(
+        lambda i, *_: i < loop_len, body, (tf.constant(0), tas, shape_tas),
+        parallel_iterations=parallel_iterations or 10)
+    results = []
+    for o, ta, sta in zip(op.outputs, tas, shape_tas):
+        results.append(WrappedTensor(_stack_checked(op, o, ta, sta, loop_len), True))
+    return results
+
+
+def _slice_inputs(inputs: Sequence[WrappedTensor], i: tf.Tensor) -> list[tf.Tensor]:
+    return [tf.gather(w.t, i) if w.is_stacked else w.t for w in inputs]
+
+
+def _element_shape(o: tf.Tensor):
+    return o.shape if o.shape.is_fully_defined() else None
+
+
+def _stack_checked(op, o, ta, sta, loop_len) -> tf.Tensor:
+    rank = o.shape.rank
+    if rank == 0 or o.shape.is_fully_defined():
+        stacked = ta.stack()
+    else:
+        shapes = sta.stack() if rank is not None else None
+        checks = []
+        if shapes is not None:
+            same = tf.reduce_all(tf.equal(shapes, shapes[:1]))
+            checks.append(tf.debugging.Assert(same, [runtime_message(
+                op, "output shapes differ across iterations (a ragged result cannot be "
+                    "stacked); per-iteration shapes:"), shapes], summarize=30))
+        with tf.control_dependencies(checks):
+            stacked = ta.stack()
+    stacked.set_shape(tf.TensorShape([None]).concatenate(o.shape))
+    n = tf.get_static_value(loop_len)
+    if n is not None:
+        stacked.set_shape([int(n)] + [None] * (stacked.shape.rank - 1)
+                          if stacked.shape.rank is not None else None)
+    return stacked
+
+
+def _is_stateful(op: tf.Operation) -> bool:
+    try:
+        return bool(op._is_stateful)  # pylint: disable=protected-access
+    except AttributeError:
+        return op.op_def.is_stateful if op.op_def else False
+
+
+def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Operation]) -> set:
+    """Ops the outputs depend on (through data and control edges)."""
+    seen: set = set()
+    stack = [t.op for t in outputs] + list(control_outputs)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def _check_result(op: tf.Operation, result: list[WrappedTensor]) -> None:
+    if len(result) != len(op.outputs):
+        raise op_error(op, f"converter returned {len(result)} values for {len(op.outputs)} "
+                           "outputs")
+    for k, (o, w) in enumerate(zip(op.outputs, result)):
+        if not isinstance(w, WrappedTensor):
+            raise op_error(op, f"converter output {k} is {type(w).__name__}, not WrappedTensor")
+        if w.t.dtype != o.dtype:
+            raise op_error(op, f"converter output {k} has dtype {w.t.dtype.name}, expected "
+                               f"{o.dtype.name}")
+        shape = w.t.shape[1:] if w.is_stacked and w.t.shape.rank else w.t.shape
+        if w.is_stacked and w.t.shape.rank == 0:
+            raise op_error(op, f"converter output {k} is stacked but a scalar")
+        if not shape.is_compatible_with(o.shape):
+            raise op_error(op, f"converter output {k} has per-iteration shape {shape}, "
+                               f"expected {o.shape}")
