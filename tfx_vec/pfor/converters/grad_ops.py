@@ -1,0 +1,222 @@
+"""Converters for the gradient ops that appear when a loop body takes a gradient.
+
+``tf.GradientTape().gradient`` inside ``loop_fn`` (per-example gradients, Jacobians, paper
+§5.1/§5.3) puts backward kernels into the traced body.  They follow the forward converters
+of :mod:`.nn_ops`:
+
+- **Element-wise** ``(gradients, features)`` kernels (``ReluGrad``, ``TanhGrad``,
+  ``SigmoidGrad``, ...): inputs must have equal shapes, so a loop-invariant operand is tiled
+  and the kernel runs once on ``[n, ...]`` (``same_shape`` family).
+- **Pooling/LRN gradients**: fold the iterations into the batch dimension.
+- **Convolution gradients** (paper §3.4's "fold into a dimension the op is flexible in"):
+  ``Conv2DBackpropInput`` with a loop-invariant filter folds into the batch; with a
+  per-iteration filter the iterations become input-channel blocks (invariant ``out_backprop``)
+  or groups of one grouped kernel.  ``Conv2DBackpropFilter`` sums over the batch, so the
+  iterations become output channels (invariant input), input channels (invariant
+  ``out_backprop``) or groups.  Depthwise gradients fold into the depthwise channels.
+- ``FusedBatchNormGrad*``: per-(iteration, channel) statistics, as in the forward op.
+- ``BiasAddGrad``: a sum over every axis but the iteration and channel axes.
+- ``BroadcastGradientArgs`` on shape vectors that differ per iteration only nominally
+  (checked at run time): computed once, loop-invariant.
+
+Example:
+    >>> import tensorflow as tf, tfx_vec
+    >>> w = tf.random.normal([4, 3])
+    >>> xs = tf.random.normal([5, 2, 4])
+    >>> def per_example_grad(i):
+    ...     with tf.GradientTape() as tape:
+    ...         tape.watch(w)
+    ...         loss = tf.reduce_sum(tf.nn.relu(tf.gather(xs, i) @ w))
+    ...     return tape.gradient(loss, w)
+    >>> tfx_vec.pfor(per_example_grad, 5, fallback_to_while_loop=False).shape.as_list()
+    [5, 4, 3]
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfx_vec.pfor.converters._helpers import create_op_like, same_shape, static_value
+from tfx_vec.pfor.converters.nn_ops import (batch_norm_channel_folded, channel_axis,
+                                           fold_emit, fold_into_channels, scale_dim,
+                                           static_dim, unfold_from_channels)
+from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+same_shape("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
+           "SoftsignGrad", "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad",
+           "ReciprocalGrad", "InvGrad", "CholeskyGrad")
+
+
+# {{{ pooling and LRN
+
+@register_converter("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad", "MaxPoolGradGrad",
+                    "MaxPoolGradGradV2", "MaxPool3DGradGrad", "LRNGrad")
+def _pool_grad(x: ConversionInput):
+    return fold_emit(x, [0, 1, 2])
+
+
+@register_converter("MaxPoolGradWithArgmax")
+def _max_pool_grad_with_argmax(x: ConversionInput):
+    if x.attr("include_batch_in_index"):
+        return None
+    return fold_emit(x, [0, 1, 2])
+
+
+@register_converter("AvgPoolGrad", "AvgPool3DGrad")
+def _avg_pool_grad(x: ConversionInput):
+    # (orig_input_shape, grad): the shape's batch entry grows by n.
+    if x.is_stacked(0):
+        return None
+    return fold_emit(x, [1], replace={0: scale_dim(x.input(0).t, 0, x.loop_len)})
+
+# }}}
+
+
+# {{{ convolutions
+
+def _one_group(in_channels: int | None, filter_in_channels: int | None) -> bool:
+    return in_channels is not None and in_channels == filter_in_channels
+
+
+def _static_entry(v: tf.Tensor, i: int) -> int | None:
+    value = static_value(v)
+    return None if value is None else int(value[i])
+
+
+def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
+    """(input_sizes, filter, out_backprop) -> input gradient."""
+    if x.is_stacked(0):
+        return None
+    sizes, n = x.input(0).t, x.loop_len
+    if not x.is_stacked(1):
+        return fold_emit(x, [2], replace={0: scale_dim(sizes, 0, n)})
+    c = channel_axis(x, spatial)
+    if c is None:
+        return None
+    filt = x.input(1).t                                 # [n, k..., ci_f, co]
+    new_sizes = scale_dim(sizes, c, n)
+    if not x.is_stacked(2) and _one_group(_static_entry(sizes, c), static_dim(filt, -2)):
+        # dx[..., (i, ci)] = sum_co dy[..., co] * F_i[..., ci, co]: n*ci input channels.
+        out = create_op_like(x.op, [new_sizes, fold_into_channels(filt, spatial),
+                                    x.input(2).t])[0]
+    elif grouped_ok:
+        out = create_op_like(x.op, [new_sizes, fold_into_channels(filt, spatial + 1),
+                                    fold_into_channels(x.stacked_input(2), c)])[0]
+    else:
+        return None
+    return [WrappedTensor(unfold_from_channels(out, c, n, sizes[c]), True)]
+
+
+def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
+    """(input, filter_sizes, out_backprop) -> filter gradient (a sum over the batch)."""
+    if x.is_stacked(1):
+        return None
+    c = channel_axis(x, spatial)
+    if c is None:
+        return None
+    images, sizes, dy = x.input(0), x.input(1).t, x.input(2)
+    n = x.loop_len
+    one_group = _one_group(static_dim(x.op.inputs[0], -1), _static_entry(sizes, spatial))
+    if one_group and not images.is_stacked:
+        # Same images, per-iteration out_backprop: the iterations are n*co output channels.
+        out = create_op_like(x.op, [images.t, scale_dim(sizes, spatial + 1, n),
+                                    fold_into_channels(dy.t, c)])[0]
+        return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
+    if one_group and not dy.is_stacked:
+        # Per-iteration images, same out_backprop: n*ci input channels.
+        out = create_op_like(x.op, [fold_into_channels(images.t, c),
+                                    scale_dim(sizes, spatial, n), dy.t])[0]
+        return [WrappedTensor(unfold_from_channels(out, spatial, n, sizes[-2]), True)]
+    if not grouped_ok:
+        return None
+    out = create_op_like(x.op, [fold_into_channels(x.stacked_input(0), c),
+                                scale_dim(sizes, spatial + 1, n),
+                                fold_into_channels(x.stacked_input(2), c)])[0]
+    return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
+
+
+@register_converter("Conv2DBackpropInput")
+def _conv2d_backprop_input(x: ConversionInput):
+    return _conv_backprop_input(x, 2, grouped_ok=True)
+
+
+@register_converter("Conv3DBackpropInputV2")
+def _conv3d_backprop_input(x: ConversionInput):
+    return _conv_backprop_input(x, 3, grouped_ok=False)
+
+
+@register_converter("Conv2DBackpropFilter")
+def _conv2d_backprop_filter(x: ConversionInput):
+    return _conv_backprop_filter(x, 2, grouped_ok=True)
+
+
+@register_converter("Conv3DBackpropFilterV2")
+def _conv3d_backprop_filter(x: ConversionInput):
+    return _conv_backprop_filter(x, 3, grouped_ok=False)
+
+
+@register_converter("DepthwiseConv2dNativeBackpropInput")
+def _depthwise_backprop_input(x: ConversionInput):
+    if x.is_stacked(0):
+        return None
+    sizes, n = x.input(0).t, x.loop_len
+    if not x.is_stacked(1):
+        return fold_emit(x, [2], replace={0: scale_dim(sizes, 0, n)})
+    c = channel_axis(x, 2)
+    if c is None:
+        return None
+    out = create_op_like(x.op, [scale_dim(sizes, c, n), fold_into_channels(x.input(1).t, 2),
+                                fold_into_channels(x.stacked_input(2), c)])[0]
+    return [WrappedTensor(unfold_from_channels(out, c, n, sizes[c]), True)]
+
+
+@register_converter("DepthwiseConv2dNativeBackpropFilter")
+def _depthwise_backprop_filter(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    c = channel_axis(x, 2)
+    if c is None:
+        return None
+    sizes, n = x.input(1).t, x.loop_len
+    out = create_op_like(x.op, [fold_into_channels(x.stacked_input(0), c),
+                                scale_dim(sizes, 2, n),
+                                fold_into_channels(x.stacked_input(2), c)])[0]
+    return [WrappedTensor(unfold_from_channels(out, 2, n, sizes[2]), True)]
+
+# }}}
+
+
+# {{{ normalization, bias, broadcasting
+
+@register_converter("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
+def _fused_batch_norm_grad(x: ConversionInput):
+    return batch_norm_channel_folded(x, 2)
+
+
+@register_converter("BiasAddGrad")
+def _bias_add_grad(x: ConversionInput):
+    grad = x.input(0).t
+    rank = grad.shape.rank
+    if rank is None:
+        return None
+    channels_first = x.attr("data_format") in (b"NCHW", b"NCDHW")
+    c = 2 if channels_first else rank - 1               # in the stacked value
+    axes = [a for a in range(1, rank) if a != c]
+    return [WrappedTensor(tf.reduce_sum(grad, axes), True)]
+
+
+@register_converter("BroadcastGradientArgs")
+def _broadcast_gradient_args(x: ConversionInput):
+    # Shape vectors that depend on the loop index only nominally (equal in every iteration):
+    # checked at run time, then computed once.
+    checks, shapes = [], []
+    for w in x.inputs:
+        if w.is_stacked:
+            checks.append(check_rows_equal(x, w.t, "a broadcast shape"))
+            shapes.append(tf.reduce_max(w.t, axis=0))
+        else:
+            shapes.append(w.t)
+    shapes = guarded(shapes, checks)
+    return [WrappedTensor(t, False) for t in create_op_like(x.op, shapes)]
+
+# }}}

@@ -1,0 +1,310 @@
+"""Converters for neural-network ops: convolutions, pooling, normalization, softmax, top-k.
+
+Three formulations, cheapest first (paper §3.4):
+
+1. **Fold the iterations into the op's batch dimension.**  An op that treats its batch rows
+   independently (a convolution with a loop-invariant filter, pooling, LRN, softmax
+   cross-entropy, batch norm in inference mode) runs *once* on ``[n*b, ...]``; the output is
+   reshaped back to ``[n, b, ...]`` (:func:`fold_emit`).
+2. **Fold the iterations into the channel dimension.**  A per-iteration filter or per-iteration
+   batch statistics cannot share the batch dimension, but channels are independent, so ``n``
+   is merged into the channel axis (:func:`fold_into_channels`):
+
+   - stacked filter, invariant input: one convolution with ``n*c_out`` output channels;
+   - stacked filter and input: one *grouped* convolution (``n`` groups; TF runs grouped
+     ``Conv2D`` on CPU and GPU);
+   - depthwise convolution: ``n*c`` depthwise channels;
+   - ``FusedBatchNorm*`` in training mode: per-(iteration, channel) statistics.
+3. **Re-emit on the stacked value** when the op already acts on the last axis only (softmax,
+   top-k, nth_element) or broadcasts (``BiasAdd`` with a stacked bias becomes ``Add``).
+
+Cases with no single-op formulation return ``None`` (the vectorizer's counted per-iteration
+fallback, or an error when fallbacks are disabled): ``NCHW`` with a stacked filter (``NCHW``
+convolutions do not run on CPU, so that path could not be tested), a stacked filter in ``Conv3D``
+together with a stacked input (TF has no grouped 3-D convolution), a stacked ``k`` in top-k.
+
+Example:
+    >>> import numpy as np, tensorflow as tf, tfx_vec
+    >>> images = tf.random.normal([4, 2, 8, 8, 3])
+    >>> filters = tf.random.normal([4, 3, 3, 3, 5])      # one filter bank per iteration
+    >>> y = tfx_vec.pfor(lambda i: tf.nn.conv2d(tf.gather(images, i), tf.gather(filters, i),
+    ...                                         1, "SAME"), 4, fallback_to_while_loop=False)
+    >>> y.shape.as_list()
+    [4, 2, 8, 8, 5]
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, move_axis,
+                                             reemit_stacked, stacked, static_value,
+                                             unfold_batch)
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+
+# {{{ folding utilities (shared with grad_ops)
+
+def invariant_except(x: ConversionInput, indices: Sequence[int]) -> bool:
+    """True when every input outside ``indices`` is loop-invariant."""
+    return not any(x.is_stacked(j) for j in range(len(x.inputs)) if j not in indices)
+
+
+def fold_emit(x: ConversionInput, fold: Sequence[int], *,
+              replace: dict[int, tf.Tensor] | None = None) -> list[WrappedTensor] | None:
+    """Run ``x.op`` once with inputs ``fold`` reshaped ``[n, b, ...] -> [n*b, ...]``.
+
+    Loop-invariant inputs among ``fold`` are tiled first (the op needs equal batch sizes);
+    inputs outside ``fold`` must be loop-invariant (else ``None``).  ``replace`` substitutes
+    inputs (e.g. a shape vector scaled by ``n``).  Every output is unfolded to ``[n, b, ...]``.
+    """
+    if not invariant_except(x, fold):
+        return None
+    inputs = [w.t for w in x.inputs]
+    lead = None
+    for i in fold:
+        inputs[i], lead_i = fold_batch(x.stacked_input(i))
+        lead = lead_i if lead is None else lead
+    for i, t in (replace or {}).items():
+        inputs[i] = t
+    return stacked(*[unfold_batch(o, lead) for o in create_op_like(x.op, inputs)])
+
+
+def scale_dim(sizes: tf.Tensor, axis: int, factor: tf.Tensor) -> tf.Tensor:
+    """A shape vector with entry ``axis`` multiplied by ``factor`` (``input_sizes`` inputs)."""
+    sizes = tf.convert_to_tensor(sizes)
+    factor = tf.reshape(tf.cast(factor, sizes.dtype), [1])
+    rank = sizes.shape[0]
+    if rank is None:
+        raise ValueError("a shape vector of unknown length")
+    ones = [tf.ones([axis], sizes.dtype), factor, tf.ones([rank - axis - 1], sizes.dtype)]
+    return sizes * tf.concat(ones, 0)
+
+
+def fold_into_channels(t: tf.Tensor, c_axis: int) -> tf.Tensor:
+    """``[n, ..., C, ...] -> [..., n*C, ...]``: the iterations become channel groups.
+
+    ``c_axis`` is the per-iteration channel axis (non-negative; the rank must be known).
+    Channel ``i*C + c`` of the result is channel ``c`` of iteration ``i``.
+    """
+    moved = move_axis(t, 0, c_axis)            # [..., n, C, ...]
+    shape = tf.shape(moved)
+    merged = tf.concat([shape[:c_axis], [shape[c_axis] * shape[c_axis + 1]],
+                        shape[c_axis + 2:]], 0)
+    out = tf.reshape(moved, merged)
+    dims = moved.shape.as_list()
+    n, c = dims[c_axis], dims[c_axis + 1]
+    out.set_shape(dims[:c_axis] + [n * c if n is not None and c is not None else None]
+                  + dims[c_axis + 2:])
+    return out
+
+
+def unfold_from_channels(t: tf.Tensor, c_axis: int, n: tf.Tensor,
+                         inner: tf.Tensor | int | None = None) -> tf.Tensor:
+    """Inverse of :func:`fold_into_channels`: ``[..., n*C, ...] -> [n, ..., C, ...]``.
+
+    ``inner`` is ``C`` when known (needed when ``n`` may be 0).
+    """
+    shape = tf.shape(t)
+    n = tf.reshape(tf.cast(n, tf.int32), [1])
+    if inner is None:
+        inner = shape[c_axis] // tf.maximum(n[0], 1)
+    inner = tf.reshape(tf.cast(inner, tf.int32), [1])
+    split = tf.concat([shape[:c_axis], n, inner, shape[c_axis + 1:]], 0)
+    return move_axis(tf.reshape(t, split), c_axis, 0)
+
+
+def split_leading(t: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+    """``[n*k, ...] -> [n, k, ...]`` for outputs of an op run on channel-folded inputs."""
+    shape = tf.shape(t)
+    n = tf.cast(n, tf.int32)
+    return tf.reshape(t, tf.concat([[n, shape[0] // tf.maximum(n, 1)], shape[1:]], 0))
+
+
+def channel_axis(x: ConversionInput, spatial_rank: int) -> int | None:
+    """The per-iteration channel axis of a channels-last op, ``None`` for channels-first."""
+    fmt = x.attr("data_format")
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    return spatial_rank + 1 if fmt.endswith("C") else None
+
+
+def static_dim(t: tf.Tensor, axis: int) -> int | None:
+    """A static dimension of ``t`` (``None`` when unknown)."""
+    if t.shape.rank is None:
+        return None
+    return t.shape[axis]
+
+# }}}
+
+
+# {{{ convolutions
+
+def _is_ungrouped(in_channels: int | None, filter_in_channels: int | None) -> bool:
+    """True when the original convolution is statically known to have one group."""
+    return in_channels is not None and in_channels == filter_in_channels
+
+
+def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[WrappedTensor] | None:
+    """Conv2D/Conv3D: batch fold, output-channel fold, or one grouped convolution."""
+    if not x.is_stacked(1):
+        return fold_emit(x, [0])
+    c = channel_axis(x, spatial)
+    if c is None:
+        return None
+    n = x.loop_len
+    inp, filt = x.input(0), x.input(1).t
+    c_out = tf.shape(filt)[-1]
+    ci_x = static_dim(inp.t, -1)
+    ci_f = static_dim(filt, -2)
+    if not inp.is_stacked and _is_ungrouped(ci_x, ci_f):
+        # Every iteration convolves the same images: one filter bank with n*c_out outputs.
+        out = create_op_like(x.op, [inp.t, fold_into_channels(filt, spatial + 1)])[0]
+        return [WrappedTensor(unfold_from_channels(out, c, n, c_out), True)]
+    if not grouped_ok:
+        return None
+    # Iteration i's channels form group(s) of their own: one grouped convolution.
+    images = fold_into_channels(x.stacked_input(0), c)
+    out = create_op_like(x.op, [images, fold_into_channels(filt, spatial + 1)])[0]
+    return [WrappedTensor(unfold_from_channels(out, c, n, c_out), True)]
+
+
+@register_converter("Conv2D")
+def _conv2d(x: ConversionInput):
+    return _conv_forward(x, 2, grouped_ok=True)
+
+
+@register_converter("Conv3D")
+def _conv3d(x: ConversionInput):
+    return _conv_forward(x, 3, grouped_ok=False)
+
+
+@register_converter("DepthwiseConv2dNative")
+def _depthwise_conv2d(x: ConversionInput):
+    if not x.is_stacked(1):
+        return fold_emit(x, [0])
+    c = channel_axis(x, 2)
+    if c is None:
+        return None
+    # Depthwise channels are independent: iteration i's channels become n*c channels.
+    images = fold_into_channels(x.stacked_input(0), c)
+    filt = fold_into_channels(x.input(1).t, 2)          # [kh, kw, n*c, m]
+    out = create_op_like(x.op, [images, filt])[0]
+    inner = tf.shape(x.input(1).t)[3] * tf.shape(x.input(1).t)[4]
+    return [WrappedTensor(unfold_from_channels(out, c, x.loop_len, inner), True)]
+
+# }}}
+
+
+# {{{ pooling, LRN, top-k, softmax
+
+@register_converter("MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "MaxPoolV2", "LRN")
+def _pool(x: ConversionInput):
+    return fold_emit(x, [0])
+
+
+@register_converter("MaxPoolWithArgmax")
+def _max_pool_with_argmax(x: ConversionInput):
+    if x.attr("include_batch_in_index"):
+        return None  # flat indices would count images of earlier iterations
+    return fold_emit(x, [0])
+
+
+@register_converter("Softmax", "LogSoftmax")
+def _softmax(x: ConversionInput):
+    return reemit_stacked(x, [x.input(0).t])
+
+
+@register_converter("TopKV2", "NthElement")
+def _top_k(x: ConversionInput):
+    if x.is_stacked(1):
+        return None  # k / n differs per iteration: the output shape would too
+    return reemit_stacked(x, [x.input(0).t, x.input(1).t])
+
+
+@register_converter("TopK")
+def _top_k_v1(x: ConversionInput):
+    return reemit_stacked(x, [x.input(0).t])
+
+
+@register_converter("L2Loss")
+def _l2_loss(x: ConversionInput):
+    t = x.input(0).t
+    axes = tf.range(1, tf.rank(t))
+    return [WrappedTensor(tf.reduce_sum(tf.square(t), axes) / tf.cast(2, t.dtype), True)]
+
+
+@register_converter("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+def _softmax_xent(x: ConversionInput):
+    return fold_emit(x, [0, 1])
+
+
+@register_converter("InTopKV2", "InTopK")
+def _in_top_k(x: ConversionInput):
+    return fold_emit(x, [0, 1])
+
+# }}}
+
+
+# {{{ bias
+
+@register_converter("BiasAdd", "BiasAddV1")
+def _bias_add(x: ConversionInput):
+    value, bias = x.input(0), x.input(1)
+    fmt = x.attr("data_format") if x.op_type == "BiasAdd" else b"NHWC"
+    channels_first = fmt in (b"NCHW", b"NCDHW")
+    if not bias.is_stacked:
+        if not channels_first:
+            return reemit_stacked(x, [value.t, bias.t])  # bias applies to the last axis
+        return fold_emit(x, [0])  # channels-first: the channel axis must stay at 1
+    rank = x.op.inputs[0].shape.rank
+    if rank is None:
+        return None
+    # A per-iteration bias: [n, c] broadcast against [n?, ..., c, ...] as a plain Add.
+    b = tf.cast(bias.t, value.t.dtype)
+    c_axis = 1 if channels_first else rank - 1
+    b = tf.reshape(b, tf.concat([tf.shape(b)[:1], tf.ones([c_axis], tf.int32), tf.shape(b)[1:],
+                                 tf.ones([rank - 1 - c_axis], tf.int32)], 0))
+    return [WrappedTensor(tf.add(value.t, b), True)]
+
+# }}}
+
+
+# {{{ batch normalization
+
+def _bn_channel_axis(x: ConversionInput, rank: int) -> int:
+    fmt = x.attr("data_format")
+    return rank - 1 if fmt.endswith(b"C") else 1
+
+
+def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[WrappedTensor] | None:
+    """Run a ``FusedBatchNorm*``/``FusedBatchNormGrad*`` op with the iterations as channels.
+
+    The first ``n_images`` inputs are images (``[b, h, w, c]``), the rest per-channel vectors.
+    Statistics are then computed per (iteration, channel), exactly as each iteration would.
+    """
+    rank = x.op.inputs[0].shape.rank
+    if rank is None:
+        return None
+    c = _bn_channel_axis(x, rank)
+    n = x.loop_len
+    inputs = [fold_into_channels(x.stacked_input(i), c) for i in range(n_images)]
+    inputs += [tf.reshape(x.stacked_input(i), [-1]) for i in range(n_images, len(x.inputs))]
+    outs = create_op_like(x.op, inputs)
+    first = unfold_from_channels(outs[0], c, n, tf.shape(x.op.inputs[0])[c])
+    return stacked(first, *[split_leading(o, n) for o in outs[1:]])
+
+
+@register_converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+def _fused_batch_norm(x: ConversionInput):
+    if not x.attr("is_training") and invariant_except(x, [0]):
+        # Population statistics: rows are independent, fold into the batch.  The other
+        # outputs echo the (loop-invariant) mean/variance inputs, so they stay invariant.
+        folded, lead = fold_batch(x.input(0).t)
+        outs = create_op_like(x.op, [folded] + [w.t for w in x.inputs[1:]])
+        return [WrappedTensor(unfold_batch(outs[0], lead), True)] + [
+            WrappedTensor(o, False) for o in outs[1:]]
+    return batch_norm_channel_folded(x, 1)
+
+# }}}
