@@ -35,6 +35,7 @@ from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util
 
+from tfx_vec.pfor.converters.lists import stack_like
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter, tile_to_stacked
 
 
@@ -64,8 +65,12 @@ def in_xla_context(x: ConversionInput) -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def _stack(w: WrappedTensor, n: tf.Tensor) -> tf.Tensor:
-    return w.t if w.is_stacked else tile_to_stacked(w.t, n)
+def _stack(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None) -> tf.Tensor:
+    return stack_like(w, n, original)
+
+
+def _has_stacked_variant(ws: Sequence[WrappedTensor]) -> bool:
+    return any(w.is_stacked and w.t.dtype == tf.variant for w in ws)
 
 
 def _gather_rows(inputs: Sequence[WrappedTensor], rows: tf.Tensor) -> list[WrappedTensor]:
@@ -144,6 +149,8 @@ def _convert_conditional(x: ConversionInput):
     args = x.inputs[1:]
     if not index.is_stacked:
         return _invariant_conditional(x, index.t, graphs, args)
+    if _has_stacked_variant(args) or any(o.dtype == tf.variant for o in x.op.outputs):
+        return None  # TensorLists cannot be partitioned row-wise: per-iteration fallback
     if in_xla_context(x):
         return _masked_conditional(x, index.t, graphs, args)
     return _partitioned_conditional(x, index.t, graphs, args)
@@ -221,8 +228,8 @@ class _While:
             flags = new
 
     def _init(self, flags) -> list[WrappedTensor]:
-        return [WrappedTensor(_stack(w, self.n), True) if f else w
-                for w, f in zip(self.x.inputs, flags)]
+        return [WrappedTensor(_stack(w, self.n, o), True) if f else w
+                for w, f, o in zip(self.x.inputs, flags, self.x.op.inputs)]
 
     def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
         shape = self.x.op.outputs[i].shape
