@@ -1,0 +1,181 @@
+"""CUDA backend: the GPU-mapped kernel printed as CUDA C, compiled with pycuda, launched on the TF
+tensors' own device memory (DLPack, no host round trip).
+
+pycuda is an optional extra (``tfx_vec[cuda]``) and is imported only when a kernel is launched:
+where it or a CUDA driver is missing, :func:`cuda_runtime` raises a
+:class:`~tfx_vec.tc_ops.errors.TcBackendError` that says so.  Generating CUDA source never needs
+either (``tc.generate_source(..., backend="cuda")``), and :func:`nvcc_check` compiles generated
+source for a GPU architecture with ``nvcc -c`` to prove it is valid CUDA on a machine with no GPU.
+
+Example::
+
+    from tfx_vec.tc_ops.backends.cuda import nvcc_check
+    nvcc_check('extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1; }')
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from typing import Any, Sequence
+
+from ..errors import TcBackendError, TcCompileError
+
+__all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "CudaRuntime"]
+
+
+def nvcc_path() -> str | None:
+    """``nvcc`` on PATH (or /usr/local/cuda/bin), else None."""
+    return shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+
+
+def nvcc_check(source: str, arch: str = "sm_90") -> None:
+    """Compile ``source`` with ``nvcc -arch=<arch> -c``; raise TcCompileError with nvcc's output.
+
+    Raises TcBackendError when nvcc is not installed.
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise TcBackendError("nvcc_check: nvcc is not on PATH")
+    with tempfile.TemporaryDirectory(prefix="tfx_vec_nvcc_") as d:
+        src = os.path.join(d, "kernel.cu")
+        with open(src, "w") as f:
+            f.write(source)
+        proc = subprocess.run([nvcc, f"-arch={arch}", "-c", src, "-o",
+                               os.path.join(d, "kernel.o")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise TcCompileError(f"nvcc -arch={arch} failed:\n{proc.stderr}{proc.stdout}\n"
+                             f"--- source ---\n{source}")
+
+
+# -- DLPack ---------------------------------------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_CPU, _DL_CUDA = 1, 2
+
+
+def dlpack_data_pointer(tensor: Any) -> tuple[int, int]:
+    """(address of the first element, DLPack device type) of a TF tensor, without copying.
+
+    The tensor must stay alive while the address is used.  Device type 1 is host memory, 2 CUDA.
+    """
+    import tensorflow as tf
+
+    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    # DLManagedTensor begins with its DLTensor.
+    dl = _DLTensor.from_address(get(capsule, b"dltensor"))
+    address = (dl.data or 0) + dl.byte_offset
+    device = dl.device.device_type
+    # The capsule keeps a reference to the tensor's buffer until deleted; the caller holds the
+    # tensor itself, which is what keeps the memory valid.
+    del capsule
+    return address, device
+
+
+# -- runtime --------------------------------------------------------------------------------
+_runtime: "CudaRuntime | None" = None
+_runtime_lock = threading.Lock()
+
+
+def cuda_runtime() -> "CudaRuntime":
+    """The process' CUDA runtime; TcBackendError when pycuda or a CUDA driver/GPU is missing."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = CudaRuntime()
+        return _runtime
+
+
+class CudaRuntime:
+    """pycuda on the device TF uses (its primary context), kernels compiled per source text."""
+
+    def __init__(self) -> None:
+        try:
+            import pycuda.driver as drv
+            from pycuda.compiler import SourceModule
+        except ImportError as e:
+            raise TcBackendError(
+                "backend 'cuda' needs pycuda (pip install tfx_vec[cuda]), which needs a CUDA "
+                f"driver; it is not importable here ({e}). Use backend='opencl' or 'cpu', or "
+                "tc.generate_source(..., backend='cuda') to only generate the code.") from e
+        try:
+            drv.init()
+            if drv.Device.count() == 0:
+                raise TcBackendError("backend 'cuda': the CUDA driver sees no GPU")
+            self.device = drv.Device(0)
+            # Share TF's primary context so device pointers from DLPack are valid here.
+            self.context = self.device.retain_primary_context()
+        except drv.Error as e:
+            raise TcBackendError(f"backend 'cuda': CUDA driver error: {e}") from e
+        self.drv, self._SourceModule = drv, SourceModule
+        self._modules: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return self.device.name()
+
+    def module(self, source: str):
+        mod = self._modules.get(source)
+        if mod is None:
+            self.context.push()
+            try:
+                mod = self._SourceModule(source, no_extern_c=True)
+            except self.drv.CompileError as e:
+                raise TcCompileError(f"CUDA compile failed:\n{e}") from e
+            finally:
+                self.context.pop()
+            self._modules[source] = mod
+        return mod
+
+    def run(self, source: str, launches: Sequence[Any], inputs: Sequence[Any],
+            outputs: Sequence[tuple[Sequence[int], Any]],
+            temps: Sequence[tuple[Sequence[int], Any]] = ()) -> list:
+        """Launch on TF GPU tensors; outputs and temporaries are TF tensors allocated on the GPU.
+
+        ``launches`` are ``opencl.Launch``-like (kernel, global size, local size): the grid is
+        global // local per dimension.
+        """
+        import numpy as np
+        import tensorflow as tf
+
+        with tf.device("/GPU:0"):
+            ins = [tf.identity(x) for x in inputs]
+            outs = [tf.zeros(tuple(s), tf.as_dtype(np.dtype(d))) for s, d in outputs]
+            tmps = [tf.zeros(tuple(s), tf.as_dtype(np.dtype(d))) for s, d in temps]
+        ptrs = []
+        for t in ins + outs + tmps:
+            address, dev = dlpack_data_pointer(t)
+            if dev != _DL_CUDA:
+                raise TcBackendError(f"backend 'cuda': tensor is on DLPack device {dev}, not "
+                                     "a GPU (is TensorFlow built with CUDA?)")
+            ptrs.append(np.intp(address))
+        mod = self.module(source)
+        self.context.push()
+        try:
+            for ln in launches:
+                grid = tuple(g // b for g, b in zip(ln.global_size, ln.local_size))
+                block = tuple(ln.local_size) + (1,) * (3 - len(ln.local_size))
+                grid = grid + (1,) * (3 - len(grid))
+                mod.get_function(ln.kernel)(*ptrs, block=block, grid=grid[:3])
+            self.context.synchronize()
+        finally:
+            self.context.pop()
+        return outs
