@@ -1,0 +1,191 @@
+"""The lazy IR: frozen nodes (op, inputs, attrs, shape, dtype) and the canonical program key.
+
+A :class:`Node` is never mutated after construction; a lazy tensor changes value by pointing at a
+new node (substitution).  Leaves are parameters of the program that computes them:
+
+- ``data``: a materialized ``tf.Tensor`` (``value``), an input by shape and dtype, never by value;
+- ``var``: the current buffer of a ``tf.Variable`` (``value``), passed as a resource;
+- ``scalar``: a Python number other than 0 and +-1 (``value``), so a new learning rate does not
+  recompile;
+- ``const``: a baked constant (0, +-1, bools, small int lists such as shapes and axes) in ``attrs``.
+
+Every other node is an op from ``ops.OPS`` (``attrs`` hold its non-tensor arguments), ``out``
+(element ``attrs[0]`` of a multi-output op) or ``grad`` (gradients of ``inputs[0]`` with respect to
+``inputs[1:]``, built at lowering time).
+
+:func:`canonicalize` numbers the nodes reachable from a program's outputs in post-order and
+returns a hashable key that names ops, attrs, shapes, dtypes and the wiring but no data: two
+steps of a training loop get the same key, so the second one hits the compile cache.
+
+Example:
+    >>> import tensorflow as tf
+    >>> a = Node.leaf("data", tf.ones([2, 4]))
+    >>> b = Node("math.multiply", (a, a), (), (2, 4), tf.float32)
+    >>> print(text([b]))
+    IR {
+      %0 = f32[2,4] data()
+      %1 = f32[2,4] math.multiply(%0, %0), ROOT=0
+    }
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Any, NamedTuple, Sequence
+
+import tensorflow as tf
+
+__all__ = ["Node", "Program", "canonicalize", "text", "short_dtype", "key_hash"]
+
+PARAM_OPS = frozenset({"data", "var", "scalar"})
+_serials = itertools.count()
+
+
+class Node:
+    """One IR node.  Treat as frozen: construct a new node instead of changing one."""
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "serial", "__weakref__")
+
+    def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
+                 dtype: tf.DType | None, value: Any = None):
+        self.op = op
+        self.inputs = inputs
+        self.attrs = attrs
+        self.shape = shape
+        self.dtype = dtype
+        self.value = value
+        self.serial = next(_serials)
+
+    @classmethod
+    def leaf(cls, op: str, value: Any, attrs: tuple = ()) -> "Node":
+        """A parameter node (``data`` or ``var``) holding ``value``'s shape and dtype."""
+        return cls(op, (), attrs, tuple(value.shape.as_list()), value.dtype, value)
+
+    @property
+    def pending(self) -> bool:
+        """True when computing this node needs a program run (it is not a materialized leaf)."""
+        return self.op not in ("data", "const", "scalar")
+
+    def key(self) -> str:
+        """Content hash (sha256) over op, attrs, shape, dtype and the input keys.
+
+        Parameters hash by kind, shape and dtype only: their values are inputs, not structure.
+        """
+        parts = [self.op, repr(self.attrs), repr(self.shape), short_dtype(self.dtype)]
+        parts += [i.key() for i in self.inputs]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Node %{self.serial} {short_dtype(self.dtype)}{list(self.shape or ())} {self.op}>"
+
+
+class Program(NamedTuple):
+    """A canonical program: what the compile cache keys on, plus its parameters' values."""
+
+    key: tuple            # (entries, output indices, (var param index, value index) assigns)
+    data: list            # tf.Tensors, in parameter order
+    scalars: list         # Python numbers, in parameter order
+    variables: list       # tf.Variables, in parameter order
+    index: dict           # id(node) -> entry index (to map results back to nodes)
+
+
+def short_dtype(dtype: tf.DType | None) -> str:
+    """``f32``, ``i64``, ``b``... as in the paper's Figure 1."""
+    if dtype is None:
+        return "tuple"
+    name = dtype.name
+    for long, short in (("float", "f"), ("bfloat", "bf"), ("uint", "u"), ("int", "i"),
+                        ("complex", "c"), ("bool", "pred")):
+        if name.startswith(long):
+            return short + name[len(long):]
+    return name
+
+
+def _post_order(roots: Sequence[Node]) -> list[Node]:
+    """Nodes reachable from ``roots``, inputs before users (iterative: traces can be long)."""
+    seen: set[int] = set()
+    order: list[Node] = []
+    for root in roots:
+        if id(root) in seen:
+            continue
+        stack = [(root, iter(root.inputs))]
+        seen.add(id(root))
+        while stack:
+            node, it = stack[-1]
+            for child in it:
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    stack.append((child, iter(child.inputs)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] = ()) -> Program:
+    """Number the graph under ``outputs`` and ``assigns`` ((var node, new value) pairs).
+
+    Returns a :class:`Program` whose ``key`` is a nested tuple of (op, attrs, shape, dtype,
+    input indices) per node: equal keys mean the same computation on different data.
+    """
+    roots = list(outputs) + [n for pair in assigns for n in pair]
+    order = _post_order(roots)
+    index: dict[int, int] = {}
+    entries = []
+    data, scalars, variables = [], [], []
+    for i, node in enumerate(order):
+        index[id(node)] = i
+        op = node.op
+        if op == "data":
+            data.append(node.value)
+            entries.append(("data", node.shape, node.dtype))
+        elif op == "var":
+            variables.append(node.value)
+            entries.append(("var", node.shape, node.dtype))
+        elif op == "scalar":
+            scalars.append(node.value)
+            entries.append(("scalar", node.dtype))
+        else:
+            entries.append((op, node.attrs, node.shape, node.dtype,
+                            tuple([index[id(x)] for x in node.inputs])))
+    key = (tuple(entries), tuple([index[id(n)] for n in outputs]),
+           tuple([(index[id(v)], index[id(n)]) for v, n in assigns]))
+    return Program(key, data, scalars, variables, index)
+
+
+def key_hash(key: tuple) -> str:
+    """A short stable hex digest of a program key (for debug output and reports)."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+
+
+def _fmt_attr(node: Node) -> str:
+    if node.op in ("out", "const"):
+        return repr(node.attrs[0])
+    if node.op == "grad":
+        return f"sources={node.attrs[0]}"
+    if len(node.attrs) == 2 and isinstance(node.attrs[1], tuple):  # (layout, keyword attrs)
+        return ", ".join(f"{k}={v!r}" for k, v in node.attrs[1])
+    return repr(node.attrs)
+
+
+def text(outputs: Sequence[Node]) -> str:
+    """The pending IR under ``outputs`` in the textual form of the paper's Figure 1."""
+    order = _post_order(list(outputs))
+    index = {id(n): i for i, n in enumerate(order)}
+    roots = {id(n): k for k, n in enumerate(outputs)}
+    lines = ["IR {"]
+    for i, node in enumerate(order):
+        shape = ",".join(map(str, node.shape)) if node.shape is not None else ""
+        args = ", ".join(f"%{index[id(x)]}" for x in node.inputs)
+        extra = []
+        if node.op == "scalar":
+            extra.append(f"value={node.value!r}")
+        elif node.attrs and node.op not in ("data", "var") and _fmt_attr(node):
+            extra.append(_fmt_attr(node))
+        if id(node) in roots:
+            extra.append(f"ROOT={roots[id(node)]}")
+        tail = (", " + ", ".join(extra)) if extra else ""
+        lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {node.op}({args}){tail}")
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,230 @@
+"""The runtime: live-tensor registry, the barrier, the LRU compile cache, execution, fallback.
+
+``barrier(cause)`` (``lazy.mark_step()``, and every forcing point) computes every live lazy tensor
+with pending computation and every pending variable update in **one** program:
+
+1. collect the live pending tensors (weak references registered at creation) and the variables
+   whose value was substituted by ``assign*``;
+2. :func:`ir.canonicalize` the graph under them into a key (ops, attrs, shapes, dtypes, wiring,
+   no data) and its parameters (tensors, Python scalars, variables);
+3. look the key up in the LRU cache; on a miss :func:`lowering.build` a
+   ``tf.function(jit_compile=True)`` (guarded by ``max_graphs``);
+4. run it: variable updates happen inside the compiled program (XLA updates the resources in
+   place), every output becomes a ``data`` node that its tensors now point at.
+
+Because the barrier always takes *all* live tensors and *all* pending updates together, and every
+computed value is substituted into its tensors, the paper's aliasing hazards cannot occur: a read
+of a variable in a program always sees the value from before that program's updates.
+
+Example:
+    >>> configure(max_graph_size=10000)["max_graph_size"]
+    10000
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from . import ir, lowering, metrics
+from .errors import LazyCompileError, LazyFallbackError, LazyRecompilationError
+
+__all__ = ["barrier", "configure", "clear_cache", "fallback", "user_frame", "register",
+           "mark_variable"]
+
+
+class _Config:
+    fallback_error = os.environ.get("TFX_VEC_LAZY_FALLBACK_ERROR", "") not in ("", "0")
+    max_graphs: int | None = None        # total compilations allowed before an error
+    cache_size = 128                     # compiled programs kept (LRU)
+    max_graph_size = 10000               # nodes recorded before an automatic barrier
+
+
+CONFIG = _Config()
+_live: list = []                              # weakrefs to LazyTensors created since the barrier
+_pending_vars: dict[int, Any] = {}            # id -> Variable with a substituted value
+_cache: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+_compiled_total = [0]
+_recorded = [0]                               # nodes recorded since the last barrier
+_tapes: list = []                             # active lazy.GradientTapes (see tape.py)
+_EMPTY = np.zeros([0], np.float64)
+
+
+def configure(*, fallback_error: bool | None = None, max_graphs: int | None | str = "keep",
+              cache_size: int | None = None, max_graph_size: int | None = None) -> dict:
+    """Set runtime options; returns the current settings.
+
+    Args:
+        fallback_error: make every eager fallback a :class:`LazyFallbackError`
+            (also ``TFX_VEC_LAZY_FALLBACK_ERROR=1``).
+        max_graphs: raise :class:`LazyRecompilationError` when more than this many programs
+            have been compiled (``None`` disables the guard); counts from this call.
+        cache_size: how many compiled programs the LRU cache keeps.
+        max_graph_size: recorded nodes after which a barrier cuts the trace automatically.
+    """
+    if fallback_error is not None:
+        CONFIG.fallback_error = bool(fallback_error)
+    if max_graphs != "keep":
+        CONFIG.max_graphs = max_graphs
+        _compiled_total[0] = 0
+    if cache_size is not None:
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be >= 1, got {cache_size}")
+        CONFIG.cache_size = cache_size
+        while len(_cache) > cache_size:
+            _cache.popitem(last=False)
+    if max_graph_size is not None:
+        if max_graph_size < 1:
+            raise ValueError(f"max_graph_size must be >= 1, got {max_graph_size}")
+        CONFIG.max_graph_size = max_graph_size
+    return {"fallback_error": CONFIG.fallback_error, "max_graphs": CONFIG.max_graphs,
+            "cache_size": CONFIG.cache_size, "max_graph_size": CONFIG.max_graph_size}
+
+
+def clear_cache() -> None:
+    """Drop every compiled program (the next barrier of each shape compiles again)."""
+    _cache.clear()
+
+
+def register(tensor: Any) -> None:
+    """Track a new lazy tensor with pending computation (weakly) for the next barrier."""
+    _live.append(weakref.ref(tensor))
+    _recorded[0] += 1
+    if _recorded[0] > CONFIG.max_graph_size:
+        metrics.bump("graph_size_cuts")
+        barrier("graph size limit")
+
+
+def mark_variable(var: Any) -> None:
+    """Note that ``var``'s value was substituted and must be written back at the barrier."""
+    _pending_vars[id(var)] = var
+    _recorded[0] += 1
+
+
+def user_frame() -> str:
+    """``file:line in function`` of the innermost frame outside tfx_vec.lazy and TensorFlow."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(here) and "/tensorflow/" not in name and "/keras/" not in name \
+                and "contextlib" not in name and "/hypothesis/" not in name:
+            return f"{name}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return "<unknown>"
+
+
+def barrier(cause: str = "mark_step") -> None:
+    """Compute all live pending tensors and pending variable updates in one compiled program."""
+    live = []
+    for ref in _live:
+        t = ref()
+        if t is not None and t._node.pending:
+            live.append(t)
+    _live.clear()
+    _recorded[0] = 0
+    variables = list(_pending_vars.values())
+    _pending_vars.clear()
+    variables = [v for v in variables if v._node is not v._read]
+    if not live and not variables:
+        return
+    metrics.bump("barriers")
+    outputs = list({id(t._node): t._node for t in live}.values())
+    assigns = [(v._read, v._node) for v in variables]
+    t0 = time.perf_counter()
+    prog = ir.canonicalize(outputs, assigns)
+    metrics._timers.setdefault("canonicalize", [0.0, 0])
+    slot = metrics._timers["canonicalize"]
+    slot[0] += time.perf_counter() - t0
+    slot[1] += 1
+    results = _execute(prog, cause)
+    fresh = {id(n): ir.Node.leaf("data", r) for n, r in zip(outputs, results)}
+    for tape in _tapes:
+        tape._remember(outputs, fresh)
+    for t in live:
+        t._node = fresh[id(t._node)]
+    for v in variables:
+        v._node = v._read
+
+
+def _execute(prog: ir.Program, cause: str) -> list:
+    fn = _cache.get(prog.key)
+    first = fn is None
+    if first:
+        fn = _compile(prog, cause)
+    else:
+        _cache.move_to_end(prog.key)
+        metrics.bump("cache_hits")
+    scalars = np.asarray(prog.scalars, np.float64) if prog.scalars else _EMPTY
+    name = "compile" if first else "execute"
+    try:
+        with metrics.timer(name):
+            out = fn(prog.data, scalars, prog.variables)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+            NotImplementedError) as e:
+        if first:
+            _cache.pop(prog.key, None)
+        ops = sorted({e_[0] for e_ in prog.key[0]} - ir.PARAM_OPS)
+        raise LazyCompileError(
+            f"running the lazy program {ir.key_hash(prog.key)} (ops {ops}) failed "
+            f"at {user_frame()}: {str(e).splitlines()[0]}") from e
+    metrics.bump("executions")
+    return out
+
+
+def _compile(prog: ir.Program, cause: str) -> Any:
+    if CONFIG.max_graphs is not None and _compiled_total[0] >= CONFIG.max_graphs:
+        raise LazyRecompilationError(
+            f"recompilation storm: {_compiled_total[0]} programs compiled, max_graphs="
+            f"{CONFIG.max_graphs}; this one ({ir.key_hash(prog.key)}, {len(prog.key[0])} nodes, "
+            f"cause: {cause}) was triggered at {user_frame()}.  Shapes or structure change "
+            f"every step?  Check TFX_VEC_LAZY_DEBUG=1 output, or raise lazy.configure(max_graphs=)")
+    _compiled_total[0] += 1
+    metrics.bump("compiles")
+    if os.environ.get("TFX_VEC_LAZY_DEBUG", "") not in ("", "0"):
+        print(f"[tfx_vec.lazy] compile #{_compiled_total[0]}: cause={cause} "
+              f"hash={ir.key_hash(prog.key)} nodes={len(prog.key[0])} at {user_frame()}",
+              file=sys.stderr, flush=True)
+    fn = lowering.build(prog.key)
+    _cache[prog.key] = fn
+    while len(_cache) > CONFIG.cache_size:
+        _cache.popitem(last=False)
+    return fn
+
+
+def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -> Any:
+    """Run ``api`` eagerly on forced inputs; results start new graphs.  Counted per op."""
+    from .tensor import LazyTensor, tensor
+
+    metrics.bump(f"fallback::{name}")
+    if CONFIG.fallback_error:
+        raise LazyFallbackError(
+            f"tf.{name} has no lazy recording rule{(' (' + reason + ')') if reason else ''}; "
+            f"called at {user_frame()}.  Fallbacks are errors (lazy.configure("
+            f"fallback_error=False) or TFX_VEC_LAZY_FALLBACK_ERROR=0 allows them)")
+    flat = tf.nest.flatten((args, kwargs))
+    if any(isinstance(x, LazyTensor) and x._pending() for x in flat):
+        barrier(f"fallback tf.{name}")
+    flat = [_eager(x) if isinstance(x, LazyTensor) else x for x in flat]
+    args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
+    out = api(*args, **kwargs)
+    return tf.nest.map_structure(
+        lambda x: tensor(x) if isinstance(x, tf.Tensor) and not isinstance(
+            x, tf.__internal__.SymbolicTensor) else x, out)
+
+
+def _eager(t: Any) -> tf.Tensor:
+    """The materialized value of a lazy tensor that is not pending."""
+    node = t._node
+    if node.op == "data":
+        return node.value
+    if node.op == "var":
+        return node.value.read_value()
+    value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
+    return tf.constant(value, dtype)

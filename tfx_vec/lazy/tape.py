@@ -1,0 +1,120 @@
+"""``lazy.GradientTape``: gradients recorded as IR nodes, built at lowering time.
+
+``tape.gradient(target, sources)`` records one ``grad`` node whose inputs are the target and
+the connected sources; ``lowering.build`` replays the program under a ``tf.GradientTape`` and
+calls TensorFlow's own ``gradient`` there, so forward and backward compile into one program.
+Sources follow eager rules: trainable ``lazy.Variable``s are watched automatically, other lazy
+tensors only after ``tape.watch``; an unconnected source gets ``None`` (or zeros with
+``unconnected_gradients=ZERO``).  A value forced inside the tape's ``with`` block (printing the
+loss, branching on it) keeps its recorded computation for the gradient.
+
+Limits: ops recorded *before* the tape was entered are differentiated too (eager would stop at
+them), and a variable assigned between the forward pass and ``gradient`` is differentiated at
+its new value; take gradients before ``mark_step``, as with PyTorch/XLA.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from tfx_vec.lazy.tensor import Variable
+    >>> w = Variable([3.0])
+    >>> with GradientTape() as tape:
+    ...     loss = tf.reduce_sum(w * w)
+    >>> tape.gradient(loss, w).numpy().tolist()
+    [6.0]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from . import runtime
+from .errors import LazyGradientError
+from .ir import Node
+from .tensor import LazyTensor, Variable, tensor
+
+__all__ = ["GradientTape"]
+
+
+class GradientTape:
+    """Records gradients lazily; the API of ``tf.GradientTape`` for lazy tensors."""
+
+    def __init__(self, persistent: bool = False, watch_accessed_variables: bool = True):
+        self._persistent = persistent
+        self._auto_watch = watch_accessed_variables
+        self._watched: dict[int, Node] = {}
+        self._history: dict[int, tuple[Node, Node]] = {}
+        self._used = False
+
+    def __enter__(self) -> "GradientTape":
+        runtime._tapes.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self in runtime._tapes:
+            runtime._tapes.remove(self)
+
+    def watch(self, tensors: Any) -> None:
+        """Watch lazy tensors (and variables) so gradients with respect to them exist."""
+        for t in tf.nest.flatten(tensors):
+            if not isinstance(t, LazyTensor):
+                raise LazyGradientError(
+                    f"lazy.GradientTape.watch needs lazy tensors, got {type(t).__name__}")
+            self._watched[id(t._node)] = t._node
+
+    def _remember(self, outputs: list, fresh: dict) -> None:
+        """Called by the barrier: keep the recorded computation behind each forced value."""
+        for n in outputs:
+            data = fresh[id(n)]
+            self._history[id(data)] = (data, self._symbolic(n))
+
+    def _symbolic(self, node: Node) -> Node:
+        hit = self._history.get(id(node))
+        return hit[1] if hit is not None else node
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: tf.UnconnectedGradients =
+                 tf.UnconnectedGradients.NONE) -> Any:
+        """Lazy gradients of ``target`` with respect to ``sources`` (a nest)."""
+        if self._used and not self._persistent:
+            raise LazyGradientError("a non-persistent lazy.GradientTape can only compute one "
+                                    "gradient (use persistent=True)")
+        self._used = True
+        if not isinstance(target, LazyTensor):
+            raise LazyGradientError(f"target must be a lazy tensor, got {type(target).__name__}")
+        t_node = self._symbolic(target._node)
+        ancestors = _ancestors(t_node)
+        flat = tf.nest.flatten(sources)
+        picked, nodes = [], []
+        for k, s in enumerate(flat):
+            if not isinstance(s, LazyTensor):
+                raise LazyGradientError(
+                    f"source {k} must be a lazy tensor or lazy.Variable, got {type(s).__name__}")
+            n = self._symbolic(s._node)
+            watched = id(n) in self._watched or id(s._node) in self._watched or (
+                isinstance(s, Variable) and s.trainable and self._auto_watch)
+            if watched and id(n) in ancestors:
+                picked.append(k)
+                nodes.append(n)
+        og = []
+        if output_gradients is not None:
+            og = [x._node if isinstance(x, LazyTensor) else tensor(x)._node
+                  for x in tf.nest.flatten(output_gradients)]
+        results: list = [None] * len(flat)
+        if picked:
+            g = Node("grad", (t_node, *nodes, *og), (len(nodes), len(og)), None, None)
+            for j, (k, n) in enumerate(zip(picked, nodes)):
+                results[k] = LazyTensor(Node("out", (g,), (j,), n.shape, n.dtype))
+        if unconnected_gradients == tf.UnconnectedGradients.ZERO:
+            results = [r if r is not None else tf.zeros_like(s) for r, s in zip(results, flat)]
+        return tf.nest.pack_sequence_as(sources, results)
+
+
+def _ancestors(root: Node) -> set[int]:
+    seen = {id(root)}
+    stack = [root]
+    while stack:
+        for x in stack.pop().inputs:
+            if id(x) not in seen:
+                seen.add(id(x))
+                stack.append(x)
+    return seen

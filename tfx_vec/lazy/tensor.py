@@ -1,0 +1,379 @@
+"""``LazyTensor`` and ``Variable``: the eager tensor API, recorded instead of executed.
+
+Python operators and ``tf.*`` calls (through TensorFlow's type-based dispatch, see
+``dispatch.py``) on lazy tensors go to :func:`record`, which binds the call's arguments, turns
+tensor arguments into IR nodes and everything else into attrs, looks up (or infers) the output
+spec and returns new lazy tensors.  Nothing runs until a forcing point: ``.numpy()``, ``bool()``,
+``float()``, ``int()``, ``repr``/``print``/``format``, iteration, ``tf.convert_to_tensor``;
+each is a barrier (``runtime.barrier``).  Static shapes (``.shape``, ``len``, ``tf.shape``) never
+force.
+
+``LazyTensor`` is a plain Python class with ``__slots__`` rather than a
+``tf.experimental.ExtensionType``: constructing an ExtensionType costs tens of microseconds,
+this costs well under one, and ``register_dispatchable_type`` gives it the same dispatch.
+
+Example:
+    >>> import tensorflow as tf
+    >>> x = tensor([[1.0, 2.0]])
+    >>> y = tf.nn.relu(x * 3.0 - 4.0)
+    >>> y.shape
+    TensorShape([1, 2])
+    >>> y.numpy().tolist()
+    [[0.0, 2.0]]
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from . import metrics, runtime
+from .errors import LazyShapeError
+from .ir import Node
+from .ops import GETITEM, OPS, OpDef, Unrecordable, freeze, freeze_index, infer
+
+__all__ = ["LazyTensor", "Variable", "tensor", "value", "record"]
+
+_SymbolicTensor = tf.__internal__.SymbolicTensor
+_PY_NUMBER = (int, float)
+
+
+class LazyTensor:
+    """A tensor whose value is the pending computation ``_node`` (or materialized data)."""
+
+    __slots__ = ("_node", "__weakref__")
+    __array_priority__ = 100  # numpy defers ``ndarray + lazy`` to our reflected operators
+
+    def __init__(self, node: Node):
+        self._node = node
+        if node.pending:
+            runtime.register(self)
+
+    def _pending(self) -> bool:
+        return self._node.pending
+
+    # -- static properties (never force) ------------------------------------------------
+    @property
+    def shape(self) -> tf.TensorShape:
+        return tf.TensorShape(self._node.shape)
+
+    def get_shape(self) -> tf.TensorShape:
+        return self.shape
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self._node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._node.shape)
+
+    def __len__(self) -> int:
+        if not self._node.shape:
+            raise TypeError("len() of a 0-d lazy tensor")
+        return self._node.shape[0]
+
+    # -- forcing points ------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """Force the value (a barrier when pending) and return it as NumPy."""
+        return value(self, ".numpy()").numpy()
+
+    def __bool__(self) -> bool:
+        return bool(value(self, "bool()"))
+
+    def __float__(self) -> float:
+        return float(value(self, "float()"))
+
+    def __int__(self) -> int:
+        return int(value(self, "int()"))
+
+    def __index__(self) -> int:
+        if not self.dtype.is_integer:
+            raise TypeError(f"only integer lazy tensors can be used as an index, got {self.dtype}")
+        return int(value(self, "__index__"))
+
+    def __iter__(self) -> Iterator["LazyTensor"]:
+        if not self._node.shape:
+            raise TypeError("iteration over a 0-d lazy tensor")
+        return iter([tensor(row) for row in value(self, "iteration")])
+
+    def __repr__(self) -> str:
+        v = value(self, "repr")
+        return f"<LazyTensor: shape={self.shape}, dtype={self.dtype.name}, numpy={v.numpy()!r}>"
+
+    def __str__(self) -> str:
+        return str(value(self, "str").numpy())
+
+    def __format__(self, spec: str) -> str:
+        v = value(self, "format").numpy()
+        return format(v.item() if v.ndim == 0 else v, spec)
+
+    __hash__ = object.__hash__  # identity, so lazy tensors can key dicts and weak sets
+
+    # -- operators (recorded) ------------------------------------------------------------
+    def __getitem__(self, index: Any) -> "LazyTensor":
+        try:
+            frozen = freeze_index(index)
+        except Unrecordable as why:
+            return runtime.fallback("__getitem__", lambda t, i: t[i], (self, index), {},
+                                    str(why))
+        return record(GETITEM, (self, frozen), {})
+
+    def __neg__(self) -> "LazyTensor":
+        return record(OPS["math.negative"], (self,), {})
+
+    def __abs__(self) -> "LazyTensor":
+        return record(OPS["math.abs"], (self,), {})
+
+    def __invert__(self) -> "LazyTensor":
+        op = "math.logical_not" if self.dtype == tf.bool else "bitwise.invert"
+        return record(OPS[op], (self,), {})
+
+    def __pos__(self) -> "LazyTensor":
+        return self
+
+
+def _operator(name: str, reflected: bool = False, logical: str | None = None):
+    op, logical_op = OPS[name], OPS[logical] if logical else None
+
+    def method(self, other):
+        chosen = logical_op if logical_op is not None and self.dtype == tf.bool else op
+        return record(chosen, (other, self) if reflected else (self, other), {})
+    return method
+
+
+for _name, _op, _logical in (
+        ("add", "math.add", None), ("sub", "math.subtract", None),
+        ("mul", "math.multiply", None), ("truediv", "math.truediv", None),
+        ("floordiv", "math.floordiv", None), ("mod", "math.floormod", None),
+        ("pow", "math.pow", None), ("matmul", "matmul", None),
+        ("and", "bitwise.bitwise_and", "math.logical_and"),
+        ("or", "bitwise.bitwise_or", "math.logical_or"),
+        ("xor", "bitwise.bitwise_xor", "math.logical_xor")):
+    setattr(LazyTensor, f"__{_name}__", _operator(_op, False, _logical))
+    setattr(LazyTensor, f"__r{_name}__", _operator(_op, True, _logical))
+for _name, _op in (("lt", "math.less"), ("le", "math.less_equal"), ("gt", "math.greater"),
+                   ("ge", "math.greater_equal"), ("eq", "math.equal"),
+                   ("ne", "math.not_equal")):
+    setattr(LazyTensor, f"__{_name}__", _operator(_op))
+
+
+class Variable(LazyTensor):
+    """A lazy view of a ``tf.Variable``: reads record, ``assign*`` substitute the value.
+
+    The new value is written to the ``tf.Variable`` inside the next barrier's compiled program
+    (in place under XLA).  Example:
+
+        >>> v = Variable([1.0, 2.0])
+        >>> _ = v.assign_add([10.0, 10.0])
+        >>> v.numpy().tolist()
+        [11.0, 12.0]
+    """
+
+    __slots__ = ("_var", "_read")
+
+    def __init__(self, initial_value: Any, dtype: tf.DType | None = None,
+                 trainable: bool = True, name: str | None = None):
+        if isinstance(initial_value, LazyTensor):
+            initial_value = value(initial_value, "Variable()")
+        self._var = tf.Variable(initial_value, dtype=dtype, trainable=trainable, name=name)
+        self._read = Node.leaf("var", self._var)
+        self._node = self._read
+
+    def _pending(self) -> bool:
+        return self._node is not self._read
+
+    @property
+    def variable(self) -> tf.Variable:
+        """The underlying ``tf.Variable`` (its value is current after a barrier)."""
+        return self._var
+
+    @property
+    def name(self) -> str:
+        return self._var.name
+
+    @property
+    def trainable(self) -> bool:
+        return self._var.trainable
+
+    def read_value(self) -> LazyTensor:
+        """The current value as a lazy tensor (later ``assign``s do not change it)."""
+        return LazyTensor(self._node)
+
+    def _substitute(self, new: Any, what: str) -> "Variable":
+        if not isinstance(new, LazyTensor):
+            new = tensor(tf.convert_to_tensor(new, dtype=self.dtype))
+        n = new._node
+        if n.shape != self._node.shape or n.dtype != self._node.dtype:
+            raise LazyShapeError(
+                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
+                f"{list(self._node.shape)}, got {n.dtype.name}{list(n.shape)} at "
+                f"{runtime.user_frame()}")
+        self._node = n
+        runtime.mark_variable(self)
+        return self
+
+    def assign(self, new: Any) -> "Variable":
+        """Substitute the variable's value with ``new``."""
+        return self._substitute(new, "assign")
+
+    def assign_add(self, delta: Any) -> "Variable":
+        """``self.assign(self + delta)``, recorded."""
+        return self._substitute(record(OPS["math.add"], (self, delta), {}), "assign_add")
+
+    def assign_sub(self, delta: Any) -> "Variable":
+        """``self.assign(self - delta)``, recorded."""
+        return self._substitute(record(OPS["math.subtract"], (self, delta), {}), "assign_sub")
+
+    def numpy(self) -> np.ndarray:
+        if self._pending():
+            runtime.barrier(".numpy()")
+        return self._var.numpy()
+
+
+def tensor(data: Any, dtype: tf.DType | None = None) -> LazyTensor:
+    """Factory: a lazy tensor holding ``data`` (anything ``tf.convert_to_tensor`` accepts).
+
+    >>> tensor([1, 2]).dtype
+    tf.int32
+    """
+    if isinstance(data, LazyTensor):
+        return data if dtype is None or data.dtype == dtype else \
+            record(OPS["cast"], (data, dtype), {})
+    t = tf.convert_to_tensor(data, dtype=dtype)
+    if isinstance(t, _SymbolicTensor):
+        raise TypeError("lazy.tensor needs an eager value, got a symbolic tf.Tensor "
+                        "(lazy tensors do not mix with tf.function tracing)")
+    return LazyTensor(Node.leaf("data", t))
+
+
+def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
+    """The eager ``tf.Tensor`` value of ``t`` (forcing a barrier when it is pending)."""
+    if not isinstance(t, LazyTensor):
+        return tf.convert_to_tensor(t)
+    if t._pending():
+        metrics.bump("forced")
+        runtime.barrier(cause)
+    return runtime._eager(t)
+
+
+# {{{ recording
+
+_consts: dict = {}
+
+
+def _const(v: Any) -> Node:
+    key = (type(v), v)
+    node = _consts.get(key)
+    if node is None:
+        arr = np.asarray(v)
+        dtype = tf.as_dtype(arr.dtype) if arr.dtype != np.float64 else tf.float32
+        node = _consts[key] = Node("const", (), (v, None), tuple(arr.shape), dtype)
+    return node
+
+
+def _leaf(v: Any) -> Node | None:
+    """The node for a non-lazy tensor argument; ``None`` marks a Python number (decided later)."""
+    if isinstance(v, tf.Tensor):
+        if isinstance(v, _SymbolicTensor):
+            raise Unrecordable("symbolic tf.Tensor argument")
+        try:
+            return _const(freeze(v))
+        except Unrecordable:
+            return Node.leaf("data", v)
+    if isinstance(v, bool) or v is None:
+        return _const(v)
+    if isinstance(v, _PY_NUMBER):
+        return None
+    if isinstance(v, tf.Variable):
+        return Node.leaf("data", v.read_value())
+    if isinstance(v, np.ndarray) and v.size > 64:
+        return Node.leaf("data", tf.constant(v))
+    return _const(freeze(v))
+
+
+def record(op: OpDef, args: tuple, kwargs: dict) -> Any:
+    """Record one call of ``op`` and return its lazy result(s), or fall back to eager."""
+    try:
+        return _record(op, args, kwargs)
+    except Unrecordable as why:
+        return runtime.fallback(op.name, op.api, args, kwargs, str(why))
+
+
+def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
+    params = op.params
+    if op.varargs:  # einsum(equation, *inputs)
+        vals = {params[0]: args[0] if args else kwargs.pop(params[0])}
+        vals[op.varargs] = list(args[1:])
+        if kwargs:
+            vals.update(kwargs)
+        params = (params[0], op.varargs) + params[1:]
+        lists = (op.varargs,)
+    else:
+        if len(args) > len(params):
+            raise TypeError(f"tf.{op.name} takes {len(params)} arguments, got {len(args)}")
+        vals = dict(zip(params, args))
+        if kwargs:
+            vals.update(kwargs)
+        lists = op.lists
+    vals.pop("name", None)
+    layout, raw, attrs = [], [], []
+    tensors = op.tensors
+    for p in params:
+        if p not in vals:
+            continue
+        v = vals[p]
+        if p in tensors:
+            layout.append((p, -1))
+            raw.append(v)
+        elif p in lists:
+            if isinstance(v, (list, tuple)):
+                layout.append((p, len(v)))
+                raw.extend(v)
+            else:
+                layout.append((p, -1))
+                raw.append(v)
+        else:
+            attrs.append((p, freeze(v)))
+    nodes = []
+    main = None
+    for v in raw:
+        if isinstance(v, LazyTensor):
+            n = v._node
+            if main is None:
+                main = n.dtype
+        else:
+            n = _leaf(v)
+            if main is None and n is not None and n.op == "data":
+                main = n.dtype
+        nodes.append(n)
+    sig = [op.name, tuple(layout), tuple(attrs)]
+    for i, n in enumerate(nodes):
+        if n is None:  # a Python number: a parameter of the program, or baked
+            v = raw[i]
+            if v in (0, 1, -1) or not op.scalars or main is None or not (
+                    main.is_floating or main.is_complex or
+                    (main.is_integer and isinstance(v, int))):
+                n = _const(v)
+            else:
+                n = Node("scalar", (), (), (), main, v)
+            nodes[i] = n
+        sig.append(n.attrs if n.op == "const" else (n.shape, n.dtype))
+    layout_t, attrs_t = sig[1], sig[2]
+    try:
+        spec = infer(op, layout_t, attrs_t, nodes, tuple(sig))
+    except Unrecordable:
+        raise
+    except (ValueError, TypeError, tf.errors.OpError) as err:
+        raise LazyShapeError(f"tf.{op.name}: {str(err).splitlines()[0]} (recorded at "
+                             f"{runtime.user_frame()})") from err
+    metrics._counters["ops_recorded"] += 1
+    inputs = tuple(nodes)
+    if spec.structure is None:
+        shape, dtype = spec.flat[0]
+        return LazyTensor(Node(op.name, inputs, (layout_t, attrs_t), shape, dtype))
+    base = Node(op.name, inputs, (layout_t, attrs_t), None, None)
+    outs = [LazyTensor(Node("out", (base,), (i,), s, d)) for i, (s, d) in enumerate(spec.flat)]
+    return tf.nest.pack_sequence_as(spec.structure, outs)
+# }}}
