@@ -1,0 +1,68 @@
+"""The genetic search on a model target (exact, instant "runtimes"), then on real backends."""
+import math
+
+import numpy as np
+import pytest
+
+from tfx_vec.tc_ops.autotune import genes_to_options, genetic_search, options_to_genes, search_space
+from tfx_vec.tc_ops.errors import TcError
+from tfx_vec.tc_ops.options import MappingOptions
+
+REF = [np.arange(6, dtype=np.float32)]
+
+
+class ModelTarget:
+    """Runtime is a known function of the options; tile0 == 5 computes a wrong answer."""
+
+    def __init__(self):
+        self.compiled = []
+
+    def compile(self, options):
+        self.compiled.append(options)
+        return options
+
+    def run(self, o):
+        secs = 1e-3 * (1 + abs(o.tile[0] - 16) + (o.fusion_strategy != "max") + o.unroll / 8)
+        out = REF[0] + (1.0 if o.tile[0] == 5 else 0.0)
+        return [out], secs
+
+
+def test_search_improves_never_regresses_and_rejects_wrong_candidates():
+    space = search_space("cpu", [40, 40])
+    assert 5 in space["tile0"] and 16 in space["tile0"]  # ceil(40/8) and a power of two
+    start = MappingOptions(tile=(2, 2), fusion_strategy="min", unroll=8)
+    recorded = []
+    target = ModelTarget()
+    res = genetic_search(target, space, start, REF, generations=6, population=10, threads=2,
+                         record=lambda o, s: recorded.append((o, s)), progress=False, seed=1)
+    assert res.runtime <= res.start_runtime
+    assert res.runtime < res.start_runtime  # the model's landscape is easy
+    assert res.evaluated == len({o.to_json() for o in target.compiled})
+    assert all(o.tile[0] != 5 for o, _ in recorded)  # wrong answers never recorded
+    assert res.rejected == sum(o.tile[0] == 5 for o in {o.to_json(): o for o in
+                                                          target.compiled}.values())
+    assert [h[1] for h in res.history] == sorted([h[1] for h in res.history], reverse=True)
+
+
+def test_result_is_the_start_when_nothing_beats_it():
+    class Flat(ModelTarget):
+        def run(self, o):
+            return [REF[0]], (1e-3 if o.tile == (16, 16) else 2e-3)
+    start = MappingOptions(tile=(16, 16))
+    res = genetic_search(Flat(), search_space("cpu", [16, 16]), start, REF, generations=2,
+                         population=4, progress=False)
+    assert res.options == start and res.runtime == res.start_runtime
+
+
+def test_genes_round_trip_and_bad_arguments():
+    space = search_space("opencl", [64, 32, 8])
+    o = MappingOptions(tile=(8, 4, 2), map_to_threads=(16, 4), map_to_blocks=(4, 8),
+                       use_shared_memory=True, unroll=4)
+    assert genes_to_options(options_to_genes(o, space)) == o
+    with pytest.raises(TcError, match="population"):
+        genetic_search(ModelTarget(), space, o, REF, population=1)
+    with pytest.raises(TcError, match="mutation_rate"):
+        genetic_search(ModelTarget(), space, o, REF, mutation_rate=2.0)
+    bad_start = MappingOptions(tile=(5,))
+    with pytest.raises(TcError, match="starting options"):
+        genetic_search(ModelTarget(), search_space("cpu", [8]), bad_start, REF, progress=False)

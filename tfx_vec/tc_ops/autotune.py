@@ -1,0 +1,264 @@
+"""Autotuner: the paper's genetic search over MappingOptions (§6.2), feeding the cache (§6.1).
+
+Each generation's candidates are *compiled in parallel threads* (the paper's "compilation jobs"),
+then *profiled one at a time* on the device ("profiling jobs"); a candidate counts only if its
+outputs match the naive kernel's (else its fitness is 0 and it is reported as rejected).  Fitness is
+1/runtime; parents are drawn with probability proportional to fitness; a child takes each gene
+from one of three parents (uniform three-parent crossover, with probability ``crossover_rate``,
+otherwise it copies one parent); then every gene is re-drawn with probability ``mutation_rate``;
+the ``elites`` best survive unchanged.  The result is the fastest measured candidate *including
+the starting options*, so it is never slower than the start (as measured).  Every valid candidate
+is recorded in the cache, which keeps the best k per key.
+
+The search itself (:func:`genetic_search`) only talks to a :class:`TuningTarget`; ``autotune``
+builds the target for a TC entry point on its backend.
+
+Example::
+
+    from tfx_vec import tc_ops as tc
+    mod = tc.define(TMM_SOURCE, backend="opencl")
+    best = tc.autotune(mod.tmm, A, B, generations=3, population=8, cache="tc_cache.json")
+    C = mod.tmm(A, B, options=best.options)
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import random
+import statistics
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from .errors import TcError
+from .options import FUSION_STRATEGIES, MappingOptions
+
+__all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
+           "options_to_genes"]
+
+
+class TuningTarget(Protocol):
+    """What the search needs from a kernel on a backend."""
+
+    def compile(self, options: MappingOptions) -> Any:
+        """Compile for ``options`` (called from several threads at once)."""
+
+    def run(self, compiled: Any) -> tuple[list[np.ndarray], float]:
+        """Run once on the tuning inputs: (outputs, seconds)."""
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """The outcome of a search; ``options`` is the best found (or the start)."""
+
+    options: MappingOptions
+    runtime: float
+    start_runtime: float
+    evaluated: int
+    rejected: int
+    seconds: float
+    history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+
+    @property
+    def candidates_per_second(self) -> float:
+        return self.evaluated / self.seconds if self.seconds > 0 else float("nan")
+
+
+# -- the search space -------------------------------------------------------------------------
+def _sizes(extent: int, cap: int = 512) -> list[int]:
+    """Powers of two and ceil divisors of ``extent`` (the paper's tail-effect-avoiding choices)."""
+    out = {min(extent, 2 ** k) for k in range(int(math.log2(max(extent, 1))) + 2)}
+    out |= {-(-extent // k) for k in range(1, 9)}
+    return sorted(v for v in out if 1 <= v <= cap)
+
+
+def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
+    """Genes and their admissible values for loops of the given ``extents`` (outermost first)."""
+    genes: dict[str, list] = {}
+    for k, e in enumerate(extents[:3]):
+        genes[f"tile{k}"] = _sizes(e)
+    genes["fusion_strategy"] = list(FUSION_STRATEGIES)
+    genes["unroll"] = [1, 2, 4, 8]
+    if backend == "cpu":
+        genes["parallel"] = [0, 1, 2]
+        genes["vectorize"] = [False, True]
+        return genes
+    for k in range(min(len(extents), 2)):
+        genes[f"threads{k}"] = [1, 2, 4, 8, 16, 32, 64]
+        genes[f"blocks{k}"] = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    genes["use_shared_memory"] = [False, True]
+    genes["use_private_memory"] = [False, True]
+    genes["unroll_copy_shared"] = [False, True]
+    return genes
+
+
+def genes_to_options(genes: dict) -> MappingOptions:
+    """Assemble MappingOptions from genes (raises TcOptionsError when they are invalid)."""
+    def seq(prefix: str) -> tuple[int, ...]:
+        return tuple(genes[k] for k in sorted(g for g in genes if g.startswith(prefix)))
+    kw = {k: v for k, v in genes.items()
+          if not k.startswith(("tile", "threads", "blocks"))}
+    if seq("threads"):
+        kw["map_to_threads"] = seq("threads")
+        kw["map_to_blocks"] = seq("blocks")
+    return MappingOptions(tile=seq("tile"), **kw)
+
+
+def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
+    """The genes of ``opts`` (values outside the space are kept: the start must be reachable)."""
+    genes = {}
+    for g in space:
+        for prefix, field in (("tile", "tile"), ("threads", "map_to_threads"),
+                              ("blocks", "map_to_blocks")):
+            if g.startswith(prefix) and g[len(prefix):].isdigit():
+                k, t = int(g[len(prefix):]), getattr(opts, field)
+                genes[g] = t[k] if k < len(t) else (t[-1] if field == "tile" and t else 1)
+                if field == "tile" and not t:
+                    genes[g] = max(space[g])
+                break
+        else:
+            genes[g] = getattr(opts, g)
+    return genes
+
+
+# -- the genetic search ------------------------------------------------------------------------
+def _close(outs: list[np.ndarray], ref: list[np.ndarray]) -> bool:
+    if len(outs) != len(ref):
+        return False
+    for o, r in zip(outs, ref):
+        o, r = np.asarray(o), np.asarray(r)
+        if o.shape != r.shape:
+            return False
+        tol = 1e-3 if r.dtype in (np.float32, np.float16) else 1e-9
+        if r.dtype.kind in "fc":
+            if not np.allclose(o, r, rtol=tol, atol=tol * max(1.0, float(np.abs(r).max(initial=0)))):
+                return False
+        elif not np.array_equal(o, r):
+            return False
+    return True
+
+
+def genetic_search(target: TuningTarget, space: dict[str, list], start: MappingOptions,
+                   reference: list[np.ndarray], *, generations: int = 4, population: int = 8,
+                   crossover_rate: float = 0.8, mutation_rate: float = 0.1, elites: int = 1,
+                   threads: int = 2, time_budget: float | None = None, repeats: int = 3,
+                   seed: int | None = 0, record: Callable[[MappingOptions, float], None] | None
+                   = None, progress: bool = True) -> TuneResult:
+    """Tune ``start`` on ``target``; see the module docstring for the algorithm."""
+    for name, v, lo in (("generations", generations, 1), ("population", population, 2),
+                        ("threads", threads, 1), ("repeats", repeats, 1)):
+        if not isinstance(v, int) or v < lo:
+            raise TcError(f"autotune: {name} must be an int >= {lo}, got {v!r}")
+    for name, v in (("crossover_rate", crossover_rate), ("mutation_rate", mutation_rate)):
+        if not 0.0 <= v <= 1.0:
+            raise TcError(f"autotune: {name} must be in [0, 1], got {v!r}")
+    if not 0 <= elites < population:
+        raise TcError(f"autotune: elites must be in [0, population), got {elites!r}")
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    measured: dict[str, float] = {}        # options JSON -> seconds (inf = invalid/wrong)
+    by_key: dict[str, MappingOptions] = {}
+    rejected = 0
+    history: list[tuple[int, float]] = []
+    bar = _progress_bar(generations * population + 1, progress)
+
+    def evaluate(batch: list[MappingOptions]) -> None:
+        nonlocal rejected
+        todo = [o for o in dict.fromkeys(batch) if o.to_json() not in measured]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = [(o, pool.submit(target.compile, o)) for o in todo]
+            for o, fut in futures:  # profile one at a time, in order, as compilations finish
+                key = o.to_json()
+                by_key[key] = o
+                try:
+                    compiled = fut.result()
+                    outs, _ = target.run(compiled)  # warm-up, and the correctness check
+                    if not _close(outs, reference):
+                        raise _Wrong()
+                    secs = statistics.median(target.run(compiled)[1] for _ in range(repeats))
+                except (_Wrong, TcError):
+                    secs = math.inf
+                    rejected += 1
+                measured[key] = secs
+                if secs < math.inf and record is not None:
+                    record(o, secs)
+                bar.update(1)
+
+    def fitness(o: MappingOptions) -> float:
+        s = measured.get(o.to_json(), math.inf)
+        return 0.0 if s == math.inf else 1.0 / max(s, 1e-12)
+
+    def breed(parents: list[MappingOptions], weights: list[float]) -> MappingOptions | None:
+        if rng.random() < crossover_rate:
+            trio = [options_to_genes(p, space) for p in rng.choices(parents, weights, k=3)]
+            genes = {g: rng.choice(trio)[g] for g in space}
+        else:
+            genes = options_to_genes(rng.choices(parents, weights, k=1)[0], space)
+        for g, values in space.items():
+            if rng.random() < mutation_rate:
+                genes[g] = rng.choice(values)
+        try:
+            return genes_to_options(genes)
+        except TcError:
+            return None  # an invalid combination (e.g. too many threads): drawn again
+
+    def random_options() -> MappingOptions | None:
+        try:
+            return genes_to_options({g: rng.choice(v) for g, v in space.items()})
+        except TcError:
+            return None
+
+    evaluate([start])
+    start_runtime = measured[start.to_json()]
+    if start_runtime == math.inf:
+        raise TcError("autotune: the starting options do not give the reference result")
+    pop = [start] + [o for o in (random_options() for _ in range(4 * population)) if o][
+        : population - 1]
+    for gen in range(generations):
+        if time_budget is not None and time.perf_counter() - t0 > time_budget:
+            break
+        evaluate(pop)
+        ranked = sorted(pop, key=fitness, reverse=True)
+        best_now = min(measured.values())
+        history.append((gen, best_now))
+        weights = [fitness(o) for o in ranked]
+        if not any(weights):
+            weights = [1.0] * len(ranked)
+        nxt = ranked[:elites]
+        tries = 0
+        while len(nxt) < population and tries < 20 * population:
+            tries += 1
+            child = breed(ranked, weights)
+            if child is not None:
+                nxt.append(child)
+        pop = nxt
+    bar.close()
+    best_key = min(measured, key=measured.get)
+    if measured[best_key] >= start_runtime:
+        best_key = start.to_json()
+    return TuneResult(by_key[best_key], measured[best_key], start_runtime, len(measured),
+                      rejected, time.perf_counter() - t0, history)
+
+
+class _Wrong(Exception):
+    pass
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is in the [bench] extra; tuning works without a bar
+        return _NoBar()
+    return tqdm(total=total, desc="tc autotune", unit="cand", leave=False)
