@@ -6,3 +6,5 @@ from .errors import (Span, TcBackendError, TcCompileError, TcError, TcNameError,
                      TcTypeError)
 from .lang import parse  # noqa: F401
 from .options import MappingOptions  # noqa: F401
+from .api import Entry, Module, define, generate_source  # noqa: F401,E402
+from .backends import register_backend  # noqa: F401,E402

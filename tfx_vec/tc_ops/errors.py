@@ -6,10 +6,10 @@ Every error raised on a TC's text carries a :class:`Span`; its message reads
 
 Example:
     >>> from tfx_vec.tc_ops.errors import TcNameError, Span
-    >>> src = "def f(float(N) A) -> (B) {\\n  B(i) = C(i)\\n}"
-    >>> e = TcNameError("undefined tensor 'C'", Span(2, 10), src)
+    >>> src = "def f(float(N) A) -> (B) {\\nB(i) = C(i)\\n}"
+    >>> e = TcNameError("undefined tensor 'C'", Span(2, 8), src)
     >>> print(e)
-    line 2, column 10: undefined tensor 'C'
+    line 2, column 8: undefined tensor 'C'
       B(i) = C(i)
              ^
 """

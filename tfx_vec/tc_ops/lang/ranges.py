@@ -1,0 +1,238 @@
+"""Range inference (§3.1) evaluated for concrete sizes, plus the static bounds check.
+
+The *plan* (which access resolves which index in which round) is computed once by ``lang.sema``;
+``infer_ranges`` replays it for the sizes of actual inputs: each round gives every index resolved
+in it the largest interval keeping each of its accesses in bounds for *all* values of the indices
+resolved before (universal quantification, as in Halide), intersected over the accesses; indices
+start at 0 unless a ``where`` clause says otherwise.  Then every subscript of every access is
+checked against its tensor's extent by interval arithmetic; data-dependent subscripts use the value
+range of the index tensor (``value_ranges``).
+
+Example:
+    >>> from tfx_vec.tc_ops.lang.parser import parse
+    >>> from tfx_vec.tc_ops.lang.sema import check
+    >>> d = check(parse("def conv1d(float(M) I, float(N) K) -> (O) "
+    ...                 "{ O(i) +=! K(x) * I(i + x) }").defs[0])
+    >>> r = infer_ranges(d, {"I": (10,), "K": (3,)})
+    >>> r.stmt_ranges[0], r.shapes["O"]
+    ({'i': (0, 8), 'x': (0, 3)}, (8,))
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from ..errors import TcRangeError, TcShapeError
+from . import ast as A
+from .printer import expr_to_tc
+from .sema import CheckedDef, linear_in
+
+__all__ = ["Ranges", "infer_ranges", "interval"]
+
+Interval = tuple  # (lo, hi) inclusive integers
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranges:
+    """Concrete sizes: size parameters, every tensor's shape, each statement's index ranges
+    (``{var: (lo, hi)}``, half-open), and the accesses whose data-dependent subscripts must be
+    clamped in generated code because their index values are not known before the kernel runs."""
+
+    sizes: dict
+    shapes: dict
+    stmt_ranges: tuple
+    clamp: frozenset       # ids of Call nodes (reads) needing clamped subscripts
+
+    def key(self) -> tuple:
+        return (tuple(sorted(self.sizes.items())), tuple(sorted(self.shapes.items())),
+                tuple(tuple(sorted(r.items())) for r in self.stmt_ranges))
+
+
+def bind_sizes(d: CheckedDef, shapes: Mapping[str, tuple]) -> dict:
+    """Size parameter values from input shapes; raises TcShapeError on a rank or size clash."""
+    sizes: dict[str, int] = {}
+    where_from: dict[str, str] = {}
+    for p in d.inputs:
+        if p.is_scalar:
+            continue
+        shape = tuple(int(x) for x in shapes[p.name])
+        if len(shape) != len(p.dims):
+            raise TcShapeError(f"{d.name}: input {p.name} is declared "
+                               f"{p.dtype}({', '.join(map(str, p.dims))}) (rank {len(p.dims)}) "
+                               f"but got shape {shape} (rank {len(shape)})")
+        for k, (dim, n) in enumerate(zip(p.dims, shape)):
+            if isinstance(dim, int):
+                if dim != n:
+                    raise TcShapeError(f"{d.name}: dimension {k} of {p.name} is declared {dim} "
+                                       f"but has size {n}")
+            elif dim in sizes and sizes[dim] != n:
+                raise TcShapeError(f"{d.name}: size {dim} is {sizes[dim]} from {where_from[dim]} "
+                                   f"but {n} from dimension {k} of {p.name} {shape}")
+            else:
+                sizes.setdefault(dim, n)
+                where_from.setdefault(dim, f"{p.name} {shape}")
+    return sizes
+
+
+def interval(e: A.Expr, env: Mapping[str, Interval], shapes: Mapping[str, tuple],
+             values: Mapping[str, Interval] | None = None) -> Interval | None:
+    """Integer interval of ``e`` given intervals of names; None if unknown (e.g. a read of a
+    tensor whose value range is not in ``values``, or a non-integer operation)."""
+    rec = lambda x: interval(x, env, shapes, values)  # noqa: E731
+    if isinstance(e, A.IntLit):
+        return (e.value, e.value)
+    if isinstance(e, A.Ident):
+        return env.get(e.name)
+    if isinstance(e, A.DimRef):
+        n = shapes[e.name][e.dim]
+        return (n, n)
+    if isinstance(e, A.Unary):
+        a = rec(e.operand)
+        if a is None or e.op == "!":
+            return None
+        return a if e.op == "+" else (-a[1], -a[0])
+    if isinstance(e, A.Binary):
+        a, b = rec(e.lhs), rec(e.rhs)
+        if a is None or b is None:
+            return None
+        if e.op == "+":
+            return (a[0] + b[0], a[1] + b[1])
+        if e.op == "-":
+            return (a[0] - b[1], a[1] - b[0])
+        if e.op == "*":
+            ps = [x * y for x in a for y in b]
+            return (min(ps), max(ps))
+        if e.op in ("/", "%") and b[0] == b[1] and b[0] > 0:
+            k = b[0]
+            if e.op == "/":
+                return (_cdiv(a[0], k), _cdiv(a[1], k))
+            if a[0] >= 0 and a[1] - a[0] + 1 < k and a[0] % k <= a[1] % k:
+                return (a[0] % k, a[1] % k)
+            return (0 if a[0] >= 0 else -(k - 1), k - 1)
+        return None
+    if isinstance(e, A.Ternary):
+        a, b = rec(e.then), rec(e.other)
+        if a is None or b is None:
+            return None
+        return (min(a[0], b[0]), max(a[1], b[1]))
+    if isinstance(e, A.Call):
+        if e.name in ("min", "max") and len(e.args) == 2:
+            a, b = rec(e.args[0]), rec(e.args[1])
+            if a is None or b is None:
+                return None
+            f = min if e.name == "min" else max
+            return (f(a[0], b[0]), f(a[1], b[1]))
+        if values is not None and e.name in values:
+            return values[e.name]
+        return None
+    return None
+
+
+def _cdiv(a: int, b: int) -> int:
+    """C's truncating division."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _floordiv(a: int, b: int) -> int:
+    return a // b
+
+
+def _ceildiv(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
+                 scalars: Mapping[str, int] | None = None,
+                 value_ranges: Mapping[str, Interval] | None = None) -> Ranges:
+    """Sizes, shapes and index ranges of ``d`` for inputs of the given ``shapes``.
+
+    Args:
+        shapes: input tensor name -> shape.
+        scalars: values of the integer scalar arguments used in subscripts or where clauses.
+        value_ranges: (min, max) of the values of input tensors used as subscripts.
+
+    Raises:
+        TcShapeError: inputs disagree with the signature.
+        TcRangeError: an index gets an empty range, or an access may leave its tensor.
+    """
+    sizes = bind_sizes(d, shapes)
+    scalars = dict(scalars or {})
+    for s in d.structural_scalars:
+        if s not in scalars:
+            raise TcShapeError(f"{d.name}: the value of scalar {s!r} is needed at compile time")
+    all_shapes = {p.name: tuple(int(x) for x in shapes[p.name]) for p in d.inputs
+                  if not p.is_scalar}
+    base_env = {k: (v, v) for k, v in {**sizes, **scalars}.items()}
+    stmt_ranges: dict[int, dict] = {}
+    envs: dict[int, dict] = {}
+    clamp = set()
+    err = lambda msg, sp: TcRangeError(f"in def {d.name}: {msg}", sp,  # noqa: E731
+                                       d.source or None)
+    for cs in (d.stmts[k] for k in d.plan_order):
+        s = cs.stmt
+        env = dict(base_env)
+        ranges: dict[str, tuple[int, int]] = {}
+        for v, rc in cs.where.items():
+            lo, hi = interval(rc.lo, env, all_shapes), interval(rc.hi, env, all_shapes)
+            if lo is None or hi is None or lo[0] != lo[1] or hi[0] != hi[1]:
+                raise err(f"where-clause bounds of {v!r} are not integer constants", rc.span)
+            ranges[v] = (lo[0], hi[0])
+            env[v] = (lo[0], hi[0] - 1)
+        for rnd in cs.rounds:
+            resolved = {}
+            for v, constraints in rnd:
+                lo, hi = 0, None
+                for c in constraints:
+                    coef, rest = linear_in(c.expr, v)
+                    a = interval(coef, env, all_shapes)
+                    r = interval(rest, env, all_shapes)
+                    if a is None or a[0] != a[1] or r is None:
+                        raise err(f"cannot evaluate subscript {expr_to_tc(c.expr)} of "
+                                  f"{c.tensor}", c.span)
+                    a = a[0]
+                    n = all_shapes[c.tensor][c.dim]
+                    if a == 0:
+                        continue
+                    if a > 0:   # 0 <= a*v + r <= n-1 for every r in [r0, r1]
+                        clo, chi = _ceildiv(-r[0], a), _floordiv(n - 1 - r[1], a)
+                    else:
+                        clo, chi = _ceildiv(n - 1 - r[1], a), _floordiv(-r[0], a)
+                    lo = max(lo, clo)
+                    hi = chi if hi is None else min(hi, chi)
+                if hi is None:
+                    raise err(f"cannot infer the range of index {v!r}: its coefficient is 0",
+                              constraints[0].span)
+                if hi < lo:
+                    dims = ", ".join(f"{k}={x}" for k, x in sizes.items())
+                    raise err(f"index {v!r} gets an empty range [{lo}, {hi + 1}) for sizes "
+                              f"{dims}", constraints[0].span)
+                resolved[v] = (lo, hi + 1)
+            for v, (lo, hi) in resolved.items():
+                ranges[v] = (lo, hi)
+                env[v] = (lo, hi - 1)
+        for v, (lo, hi) in ranges.items():
+            if hi <= lo:
+                raise err(f"index {v!r} has an empty range [{lo}, {hi})",
+                          cs.where[v].span if v in cs.where else s.span)
+        ordered = {v: ranges[v] for v in cs.all_vars}
+        stmt_ranges[cs.index] = ordered
+        envs[cs.index] = env
+        if s.lhs not in all_shapes:
+            all_shapes[s.lhs] = tuple(ordered[v][1] for v in s.lhs_indices)
+    for cs in d.stmts:
+        env = envs[cs.index]
+        for c in cs.checks:
+            n = all_shapes[c.tensor][c.dim]
+            iv = interval(c.expr, env, all_shapes, value_ranges)
+            if iv is None:
+                if any(isinstance(x, A.Call) for x in A.walk(c.expr)):
+                    clamp.update(id(x) for x in cs.reads if c.expr in x.args)
+                    continue
+                raise err(f"cannot bound subscript {expr_to_tc(c.expr)} of {c.tensor}", c.span)
+            if iv[0] < 0 or iv[1] > n - 1:
+                raise err(f"subscript {expr_to_tc(c.expr)} of {c.tensor} ranges over "
+                          f"[{iv[0]}, {iv[1]}] but dimension {c.dim} of {c.tensor} has size {n}",
+                          c.span)
+    return Ranges(sizes, all_shapes, tuple(stmt_ranges[k] for k in range(len(d.stmts))),
+                  frozenset(clamp))

@@ -1,0 +1,239 @@
+"""The polyhedral core: TC statements -> isl domains, accesses, dependences, schedules, AST.
+
+``build_kernel(cdef, ranges)`` lowers a checked TC with concrete sizes (JIT per shape, so sizes are
+constants, §5 footnote 5) to a :class:`PolyKernel`:
+
+- one isl statement per TC statement (``S<k>``), plus ``S<k>_init`` for the initialising ``!``
+  reductions (the neutral element is written before the reduction runs);
+- iteration domains: the inferred rectangular ranges;
+- access relations: affine subscripts exactly, data-dependent ones over-approximated by the
+  whole tensor dimension;
+- memory-based dependences (flow, anti, output) under the original statement order;
+- the *identity* schedule (statements in source order, loops in index order, §4's "naive" reference)
+  and isl's scheduler (validity = proximity = coincidence = all dependences) with the fusion
+  strategy of :class:`~..options.MappingOptions`.
+
+``annotate_cpu(schedule, options)`` tiles outermost bands, splits bands into single loops and
+wraps each in a mark (``omp``: the OpenMP loop, ``simd``: a parallel loop, ``seq``: a loop
+carrying a dependence) that printers read; ``build_ast`` runs isl's AST generator.
+
+Example:
+    >>> from tfx_vec.tc_ops.lang import parse
+    >>> from tfx_vec.tc_ops.lang.sema import check
+    >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+    >>> d = check(parse("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+    ...                 "{ C(m,n) +=! A(m,kk) * B(n,kk) }").defs[0])
+    >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3), "B": (5, 3)}))
+    >>> [s.name for s in k.stmts]
+    ['S0_init', 'S0']
+    >>> print(build_ast(k, k.identity_schedule()).to_C_str().splitlines()[0])
+    for (int c1 = 0; c1 <= 3; c1 += 1)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import islpy as isl
+
+from ..lang import ast as A
+from ..lang.ranges import Ranges
+from ..lang.sema import CheckedDef, CheckedStmt
+from ..options import MappingOptions
+
+__all__ = ["PolyStmt", "PolyKernel", "build_kernel", "affine_to_isl", "annotate_cpu",
+           "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
+
+MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
+
+
+@dataclasses.dataclass(frozen=True)
+class PolyStmt:
+    """One isl statement: ``kind`` is "init" (write the neutral element), "assign" (``=``)
+    or "update" (a reduction step ``lhs = lhs op rhs``)."""
+
+    name: str
+    kind: str
+    tc: CheckedStmt
+    vars: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass
+class PolyKernel:
+    cdef: CheckedDef
+    ranges: Ranges
+    ctx: isl.Context
+    stmts: list
+    domain: isl.UnionSet
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+    original: isl.UnionMap         # source order, as a schedule map
+    deps: isl.UnionMap
+
+    def stmt(self, name: str) -> PolyStmt:
+        return next(s for s in self.stmts if s.name == name)
+
+    def identity_schedule(self) -> isl.Schedule:
+        """The naive schedule: statements in source order, loops in index order."""
+        return isl.Schedule.from_domain(self.domain).insert_partial_schedule(
+            isl.MultiUnionPwAff.from_union_map(self.original))
+
+    def isl_schedule(self, options: MappingOptions | None = None) -> isl.Schedule:
+        """isl's scheduler under the fusion strategy of ``options``."""
+        options = options or MappingOptions()
+        ctx = self.ctx
+        ctx.set_schedule_serialize_sccs(1 if options.fusion_strategy == "min" else 0)
+        ctx.set_schedule_maximize_coincidence(1 if options.fusion_strategy ==
+                                              "preserve3coincident" else 0)
+        ctx.set_schedule_outer_coincidence(1)
+        ctx.set_schedule_treat_coalescing(1)
+        sc = (isl.ScheduleConstraints.on_domain(self.domain).set_validity(self.deps)
+              .set_proximity(self.deps).set_coincidence(self.deps))
+        return sc.compute_schedule()
+
+
+def affine_to_isl(e: A.Expr, consts: dict) -> str | None:
+    """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None."""
+    if isinstance(e, A.IntLit):
+        return str(e.value)
+    if isinstance(e, A.Ident):
+        return str(consts[e.name]) if e.name in consts else e.name
+    if isinstance(e, A.Unary) and e.op in "+-":
+        x = affine_to_isl(e.operand, consts)
+        return None if x is None else f"({e.op}{x})"
+    if isinstance(e, A.Binary) and e.op in ("+", "-", "*", "/", "%"):
+        a, b = affine_to_isl(e.lhs, consts), affine_to_isl(e.rhs, consts)
+        if a is None or b is None:
+            return None
+        if e.op in ("/", "%"):
+            if not b.lstrip("-").isdigit() or int(b) <= 0:
+                return None
+            return f"floor(({a})/{b})" if e.op == "/" else f"(({a}) mod {b})"
+        if e.op == "*" and not (a.lstrip("-").isdigit() or b.lstrip("-").isdigit()):
+            return None
+        return f"({a} {e.op} {b})"
+    return None
+
+
+def _box(names, ranges) -> str:
+    return " and ".join(f"{lo} <= {v} < {hi}" for v, (lo, hi) in zip(names, ranges)) or "true"
+
+
+def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
+    """Lower ``cdef`` at the sizes of ``ranges`` to isl objects (see module docstring)."""
+    ctx = isl.Context()
+    consts = dict(ranges.sizes)
+    stmts: list[PolyStmt] = []
+    dom, rd, wr, orig = [], [], [], []
+    depth = max(len(cs.all_vars) for cs in cdef.stmts)
+    shapes = ranges.shapes
+
+    def whole(stmt_name, vars_, tensor) -> str:
+        outs = [f"o{i}" for i in range(len(shapes[tensor]))]
+        bounds = " and ".join(f"0 <= o{i} < {n}" for i, n in enumerate(shapes[tensor]))
+        return f"{stmt_name}[{', '.join(vars_)}] -> {tensor}[{', '.join(outs)}]" + \
+            (f" : {bounds}" if bounds else "")
+
+    for cs, sr in zip(cdef.stmts, ranges.stmt_ranges):
+        s = cs.stmt
+        parts = []
+        if s.init:
+            parts.append(("init", cs.lhs_vars))
+        parts.append(("update" if cs.is_reduction else "assign", cs.all_vars))
+        for kind, vars_ in parts:
+            name = f"S{cs.index}" + ("_init" if kind == "init" else "")
+            rr = tuple(sr[v] for v in vars_)
+            stmts.append(PolyStmt(name, kind, cs, vars_, rr))
+            tup = f"{name}[{', '.join(vars_)}]"
+            dom.append(f"{tup} : {_box(vars_, rr)}")
+            wr.append(f"{tup} -> {s.lhs}[{', '.join(s.lhs_indices)}]")
+            pos = 2 * cs.index + (0 if kind == "init" else 1)
+            sched = [str(pos)] + list(vars_) + ["0"] * (depth - len(vars_))
+            orig.append(f"{tup} -> [{', '.join(sched)}]")
+            if kind == "init":
+                continue
+            if kind == "update":
+                rd.append(f"{tup} -> {s.lhs}[{', '.join(s.lhs_indices)}]")
+            for r in cs.reads:
+                subs = [affine_to_isl(a, consts) for a in r.args]
+                if any(x is None for x in subs):
+                    rd.append(whole(name, vars_, r.name))
+                else:
+                    rd.append(f"{tup} -> {r.name}[{', '.join(subs)}]")
+
+    def umap(items):
+        return isl.UnionMap.read_from_str(ctx, "{ " + "; ".join(items) + " }")
+
+    domain = isl.UnionSet.read_from_str(ctx, "{ " + "; ".join(dom) + " }")
+    reads, writes, original = umap(rd) if rd else isl.UnionMap.empty_ctx(ctx), umap(wr), umap(orig)
+    reads, writes = reads.intersect_domain(domain), writes.intersect_domain(domain)
+    original = original.intersect_domain(domain)
+    before = original.lex_lt_union_map(original)
+    deps = (writes.apply_range(reads.reverse())
+            .union(reads.apply_range(writes.reverse()))
+            .union(writes.apply_range(writes.reverse()))).intersect(before)
+    return PolyKernel(cdef, ranges, ctx, stmts, domain, reads, writes, original, deps.coalesce())
+
+
+# -- CPU schedule-tree annotation ----------------------------------------------------------
+def _mark_chain(node: isl.ScheduleNode, omp_first: bool) -> tuple[isl.ScheduleNode, int]:
+    """Split the chain of bands at ``node`` into one-member bands, each under a mark.
+
+    Returns the node back at the original position and how many parallel (omp) marks were set.
+    """
+    ctx = node.get_ctx()
+    levels, omp = 0, 0
+    while node.get_type() == isl.schedule_node_type.band:
+        if node.band_n_member() > 1:
+            node = node.band_split(1)
+        coincident = bool(node.band_member_get_coincident(0))
+        if coincident and omp_first and omp == 0:
+            kind = MARK_OMP
+            omp = 1
+        else:
+            kind = MARK_SIMD if coincident else MARK_SEQ
+            omp_first = False if not coincident and omp == 0 else omp_first
+        node = node.insert_mark(isl.Id(kind, context=ctx)).child(0).child(0)
+        levels += 2
+    for _ in range(levels):
+        node = node.parent()
+    return node, omp
+
+
+def annotate_cpu(schedule: isl.Schedule, options: MappingOptions) -> isl.Schedule:
+    """Tile outermost permutable bands by ``options.tile`` and mark every loop for the printer.
+
+    The first coincident loop of an outermost band gets the ``omp`` mark when
+    ``options.parallel`` is set (only if no sequential loop is outside it), other coincident
+    loops ``simd``, dependence-carrying loops ``seq``.
+    """
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() != isl.schedule_node_type.band:
+            return node
+        outer = node.get_schedule_depth() == 0
+        n = node.band_n_member()
+        tile = options.tile
+        if outer and tile and (node.band_get_permutable() or n == 1):
+            k = min(len(tile), n)
+            if n > k:
+                node = node.band_split(k)
+            space = node.band_get_space()
+            mv = isl.MultiVal.zero(space)
+            for i in range(k):
+                mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), tile[i]))
+            node = node.band_tile(mv)
+        node, _ = _mark_chain(node, outer and options.parallel > 0)
+        return node
+
+    return schedule.get_root().map_descendant_bottom_up(visit).get_schedule()
+
+
+def build_ast(kernel: PolyKernel, schedule: isl.Schedule) -> isl.AstNode:
+    """isl's AST for ``schedule``; loop iterators are named ``_c0``, ``_c1``, ..."""
+    ctx = kernel.ctx
+    build = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }"))
+    its = isl.IdList.alloc(ctx, 0)
+    for i in range(64):
+        its = its.add(isl.Id(f"_c{i}", context=ctx))
+    build = build.set_iterators(its)
+    return build.node_from_schedule(schedule)
