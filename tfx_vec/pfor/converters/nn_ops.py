@@ -194,6 +194,45 @@ def _depthwise_conv2d(x: ConversionInput):
     inner = tf.shape(x.input(1).t)[3] * tf.shape(x.input(1).t)[4]
     return [WrappedTensor(unfold_from_channels(out, c, x.loop_len, inner), True)]
 
+
+def _swap_batch_blocks(t: tf.Tensor, first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """``[first*second*b, ...] -> [second*first*b, ...]``: swap the two outer batch factors."""
+    shape = tf.shape(t)
+    rest = shape[1:]
+    inner = shape[0] // tf.maximum(first * second, 1)
+    split = tf.reshape(t, tf.concat([[first, second, inner], rest], 0))
+    perm = [1, 0] + list(range(2, t.shape.rank + 2))
+    return tf.reshape(tf.transpose(split, perm), shape)
+
+
+@register_converter("SpaceToBatchND")
+def _space_to_batch(x: ConversionInput):
+    # Dilated convolutions are built from this pair.  Output batch rows are ordered
+    # (block offset, image); with the iterations folded into the images they come out as
+    # (block, iteration, image) and are regrouped to (iteration, block, image).
+    if not invariant_except(x, [0]):
+        return None
+    n = x.loop_len
+    folded, lead = fold_batch(x.input(0).t)
+    out = create_op_like(x.op, [folded, x.input(1).t, x.input(2).t])[0]
+    blocks = tf.reduce_prod(tf.cast(x.input(1).t, tf.int32))
+    out = _swap_batch_blocks(out, blocks, n)
+    return [WrappedTensor(unfold_batch(out, tf.stack([n, tf.shape(out)[0] // tf.maximum(n, 1)])),
+                          True)]
+
+
+@register_converter("BatchToSpaceND")
+def _batch_to_space(x: ConversionInput):
+    if not invariant_except(x, [0]):
+        return None
+    n = x.loop_len
+    folded, lead = fold_batch(x.input(0).t)          # rows (iteration, block, image)
+    blocks = tf.reduce_prod(tf.cast(x.input(1).t, tf.int32))
+    out = create_op_like(x.op, [_swap_batch_blocks(folded, n, blocks), x.input(1).t,
+                                x.input(2).t])[0]
+    return [WrappedTensor(unfold_batch(out, tf.stack([n, tf.shape(out)[0] // tf.maximum(n, 1)])),
+                          True)]
+
 # }}}
 
 
