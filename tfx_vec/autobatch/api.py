@@ -80,6 +80,7 @@ class AutobatchFunction:
         finally:
             _UNBATCHED.depth = depth
 
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any, **options: Any) -> Any:
         if getattr(_UNBATCHED, "depth", 0):
             return self._autobatch_python_fn(*args)

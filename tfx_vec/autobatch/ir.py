@@ -145,7 +145,7 @@ class Program:
     Function IR: ``functions`` (name -> Function) with ``main``; ``blocks`` is empty.
     Stack-machine IR (``lowered``): ``blocks`` is the flat block list (entry 0), ``params`` the
     qualified parameters of main, ``result`` main's qualified result, ``entries`` the entry block
-    of each function.  ``allocation`` maps each variable to TEMPORARY / REGISTER / STACK once the
+    of each function and ``owners`` the function of each block.  ``allocation`` maps each variable to TEMPORARY / REGISTER / STACK once the
     allocation pass ran; ``notes`` lists the passes and optimizations applied; ``liveness`` holds
     the analysis a liveness pass attached (per block: live-in set).
     """
@@ -156,6 +156,7 @@ class Program:
     params: tuple[str, ...] = ()
     result: str = ""
     entries: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    owners: tuple[str, ...] = ()
     allocation: Mapping[str, str] = dataclasses.field(default_factory=dict)
     liveness: Mapping[Any, Any] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()

@@ -542,6 +542,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             rows = [program(*(a[b:b + 1] for a in args)) for b in range(int(args[1].shape[0]))]
             return tuple(tf.concat(col, axis=0) for col in zip(*rows))
         program = self._program(spec, batched=True)
+        if self.runtime == "hybrid":
+            return tuple(program(*args, runtime="local_static", xla_blocks=True))
         return tuple(program(*args, runtime=self.runtime))
 
 

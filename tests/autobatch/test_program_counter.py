@@ -1,0 +1,36 @@
+"""Program-counter runtime (Algorithm 2): eager (cached tf.function), in tf.function, under XLA."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.autobatch.programs import fib, reference
+from tfx_vec import autobatch as ab
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_fib(jit):
+    x = tf.constant([3, 7, 4, 5, 0, 1])
+    np.testing.assert_array_equal(fib(x, jit_compile=jit).numpy(), reference(fib, x))
+
+
+def test_fib_inside_user_tf_function_and_xla():
+    x = tf.constant([6, 2, 1, 8])
+    want = reference(fib, x)
+    np.testing.assert_array_equal(tf.function(lambda a: fib(a))(x).numpy(), want)
+    np.testing.assert_array_equal(tf.function(lambda a: fib(a), jit_compile=True)(x).numpy(),
+                                  want)
+
+
+def test_stack_overflow_is_an_error_naming_members():
+    with pytest.raises(ab.StackOverflowError, match=r"members \[1\]"):
+        fib(tf.constant([3, 40]), max_stack_depth=5)
+
+
+def test_stack_overflow_in_graph_is_an_assertion():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_stack_depth"):
+        tf.function(lambda a: fib(a, max_stack_depth=4))(tf.constant([2, 30]))
+
+
+def test_max_steps_is_an_error_naming_members():
+    with pytest.raises(ab.MaxStepsExceededError, match=r"members \[1\]"):
+        fib(tf.constant([3, 20]), max_steps=50)
