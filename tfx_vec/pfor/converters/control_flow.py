@@ -81,15 +81,23 @@ def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]
     return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
 
 
-def _placeholder_like(w: WrappedTensor) -> WrappedTensor:
-    p = tf.compat.v1.placeholder(w.t.dtype, w.t.shape)
-    if w.t.dtype == tf.variant or w.t.dtype == tf.resource:
+def _placeholder_like(w: WrappedTensor, stacked: bool) -> WrappedTensor:
+    """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle)."""
+    shape = w.t.shape
+    if stacked and not w.is_stacked and w.t.dtype != tf.variant:
+        shape = tf.TensorShape([None]).concatenate(shape)
+    p = tf.compat.v1.placeholder(w.t.dtype, shape)
+    # A list's handle data describes its per-iteration elements; a stacked list's do not match.
+    if w.t.dtype == tf.resource or (w.t.dtype == tf.variant and w.is_stacked == stacked):
         handle_data_util.copy_handle_data(w.t, p)
-    return WrappedTensor(p, w.is_stacked)
+    return WrappedTensor(p, stacked)
 
 
-def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor]) -> list[bool]:
-    """Which outputs of ``graph`` come out stacked for ``inputs`` (built in a scratch graph)."""
+def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
+            flags: Sequence[bool] | None = None) -> list[bool]:
+    """Which outputs of ``graph`` come out stacked for ``inputs`` (made stacked where
+    ``flags`` says so), converted in a scratch graph that is then thrown away."""
+    flags = [w.is_stacked for w in inputs] if flags is None else flags
     from tfx_vec.pfor import vectorizer as vmod
     saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
     saved_list = list(getattr(x.vectorizer, "fallbacks", []))
@@ -97,7 +105,8 @@ def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor]) -> list[
     try:
         with scratch.as_default():
             n = tf.compat.v1.placeholder(tf.int32, [])
-            outs = _convert(x, graph, [_placeholder_like(w) for w in inputs], n)
+            outs = _convert(x, graph, [_placeholder_like(w, f) for w, f in zip(inputs, flags)],
+                            n)
             return [w.is_stacked for w in outs]
     finally:
         if hasattr(vmod, "_FALLBACKS"):
@@ -219,9 +228,7 @@ class _While:
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
         """Fixed point: a variable is stacked if its initial value or the body makes it so."""
         while True:
-            probe = [_placeholder_like(WrappedTensor(w.t, f)) for w, f in
-                     zip(self._init(flags), flags)]
-            out = dry_run(self.x, self.body, probe)
+            out = dry_run(self.x, self.body, self.x.inputs, flags)
             new = [f or o for f, o in zip(flags, out)]
             if new == flags:
                 return flags
@@ -240,8 +247,7 @@ class _While:
     def convert(self):
         x = self.x
         flags = self.stacked_flags([w.is_stacked for w in x.inputs])
-        probe = [_placeholder_like(w) for w in self._init(flags)]
-        cond_stacked = dry_run(x, self.cond, probe)[0]
+        cond_stacked = dry_run(x, self.cond, x.inputs, flags)[0]
         if not cond_stacked:
             return self.invariant_cond(flags)
         if in_xla_context(x):

@@ -112,6 +112,24 @@ def _stacked_list(x: ConversionInput, i: int = 0, item: int | None = None) -> tf
     return tile_list(w.t, x.loop_len, _dtype(x), shape, fresh)
 
 
+def _per_iteration_lists(x: ConversionInput) -> bool:
+    """Whether some input is a vector of per-iteration lists (a fallback's output), which
+    only the per-iteration fallback handles."""
+    return any(w.is_stacked and w.t.dtype == tf.variant and w.t.shape.rank != 0
+               for w in x.inputs)
+
+
+def list_converter(*op_types: str):
+    """``register_converter`` for list ops, declining vectors of per-iteration lists."""
+    def decorate(fn):
+        def converter(x: ConversionInput):
+            return None if _per_iteration_lists(x) else fn(x)
+        converter.__name__ = fn.__name__
+        register_converter(*op_types)(converter)
+        return fn
+    return decorate
+
+
 def _item(x: ConversionInput, i: int) -> tf.Tensor:
     return x.stacked_input(i)
 
@@ -122,14 +140,14 @@ def _out(t: tf.Tensor, stacked: bool = True) -> WrappedTensor:
 # }}}
 
 
-@register_converter("TensorListFromTensor")
+@list_converter("TensorListFromTensor")
 def _from_tensor(x: ConversionInput):
     t = x.stacked_input(0)  # [n, L, *S]
     shape = _stacked_element_shape(x.unstacked_input(1), x.loop_len)
     return [_out(list_ops.tensor_list_from_tensor(transpose01(t), shape))]
 
 
-@register_converter("TensorListStack")
+@list_converter("TensorListStack")
 def _stack(x: ConversionInput):
     handle = _stacked_list(x)
     shape = _stacked_element_shape(x.unstacked_input(1), x.loop_len)
@@ -138,18 +156,18 @@ def _stack(x: ConversionInput):
     return [_out(transpose01(dense))]
 
 
-@register_converter("TensorListLength")
+@list_converter("TensorListLength")
 def _length(x: ConversionInput):
     return [_out(list_ops.tensor_list_length(x.inputs[0].t), False)]
 
 
-@register_converter("TensorListElementShape")
+@list_converter("TensorListElementShape")
 def _element_shape(x: ConversionInput):
     shape = list_ops.tensor_list_element_shape(x.inputs[0].t, x.attr("shape_type"))
     return [_out(tf.cond(tf.rank(shape) > 0, lambda: shape[1:], lambda: shape), False)]
 
 
-@register_converter("TensorListGetItem")
+@list_converter("TensorListGetItem")
 def _get_item(x: ConversionInput):
     handle, index = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
@@ -163,7 +181,7 @@ def _get_item(x: ConversionInput):
     return [_out(tf.gather(dense, index.t, batch_dims=1))]
 
 
-@register_converter("TensorListGather")
+@list_converter("TensorListGather")
 def _gather(x: ConversionInput):
     handle, indices = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
@@ -176,7 +194,7 @@ def _gather(x: ConversionInput):
     return [_out(tf.gather(dense, indices.t, axis=1))]
 
 
-@register_converter("TensorListSetItem")
+@list_converter("TensorListSetItem")
 def _set_item(x: ConversionInput):
     if x.is_stacked(1):
         return None  # writes at iteration-dependent positions: per-iteration fallback
@@ -188,20 +206,20 @@ def _set_item(x: ConversionInput):
     return [_out(out)]
 
 
-@register_converter("TensorListPushBack")
+@list_converter("TensorListPushBack")
 def _push_back(x: ConversionInput):
     handle = _stacked_list(x, 0, item=1)
     return [_out(list_ops.tensor_list_push_back(handle, _item(x, 1)))]
 
 
-@register_converter("TensorListPopBack")
+@list_converter("TensorListPopBack")
 def _pop_back(x: ConversionInput):
     shape = _stacked_element_shape(x.unstacked_input(1), x.loop_len)
     handle, item = gen_list_ops.tensor_list_pop_back(x.inputs[0].t, shape, _dtype(x))
     return [_out(handle), _out(item)]
 
 
-@register_converter("TensorListScatterIntoExistingList")
+@list_converter("TensorListScatterIntoExistingList")
 def _scatter_existing(x: ConversionInput):
     if x.is_stacked(2):
         return None
@@ -210,7 +228,7 @@ def _scatter_existing(x: ConversionInput):
     return [_out(list_ops.tensor_list_scatter(tensor, x.inputs[2].t, input_handle=handle))]
 
 
-@register_converter("TensorListScatterV2", "TensorListScatter")
+@list_converter("TensorListScatterV2", "TensorListScatter")
 def _scatter(x: ConversionInput):
     if x.is_stacked(2) or any(w.is_stacked for w in x.inputs[3:]):
         return None
@@ -222,13 +240,13 @@ def _scatter(x: ConversionInput):
     return [_out(out)]
 
 
-@register_converter("TensorListReserve", "EmptyTensorList")
+@list_converter("TensorListReserve", "EmptyTensorList")
 def _reserve(x: ConversionInput):
     raise x.error("the length of a TensorArray/TensorList depends on the loop index; pfor "
                   "needs the same length in every iteration")
 
 
-@register_converter("TensorListResize")
+@list_converter("TensorListResize")
 def _resize(x: ConversionInput):
     if x.is_stacked(1):
         return None
