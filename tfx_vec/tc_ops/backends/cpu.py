@@ -45,7 +45,8 @@ from ..errors import TcBackendError, TcCompileError
 from ..poly.kernel import annotate_cpu, build_kernel
 from . import KernelSpec
 
-__all__ = ["CpuBackend", "CpuKernel", "compile_shared", "cache_dir", "CFLAGS", "kernel_source"]
+__all__ = ["CpuBackend", "CpuKernel", "compile_shared", "cache_dir", "CFLAGS", "kernel_source",
+           "generate"]
 
 # -fno-math-errno etc. let the compiler vectorise reductions (TC reductions are declared
 # associative and commutative) without assuming away infinities (min=!/max=! start at +-inf).
@@ -128,3 +129,36 @@ class CpuBackend:
         with _LOCK:
             path = compile_shared(source, tag=f"tc_{spec.cdef.name}")
         return CpuKernel(source, path, "tc_" + spec.cdef.name)
+
+
+def generate(source: str, entry: str, input_specs, options=None, scalars: dict | None = None):
+    """C source and output specs of ``entry`` for inputs of the given specs, without loading it.
+
+    Args:
+        input_specs: one ``(shape, dtype)`` per *tensor* parameter, in signature order.
+        scalars: values of int scalar arguments that subscripts depend on.
+
+    Returns:
+        ``(c_source, [(name, shape, numpy dtype), ...])`` for the outputs; compile the source
+        with :data:`CFLAGS` and call ``tc_<entry>``.
+    """
+    from ..api import define
+    from ..lang.types import np_dtype
+    from ..options import MappingOptions
+    cdef = define(source)[entry].cdef
+    params = [p for p in cdef.inputs if not p.is_scalar]
+    if len(input_specs) != len(params):
+        from ..errors import TcShapeError
+        raise TcShapeError(f"{entry}: expected {len(params)} input specs, got {len(input_specs)}")
+    shapes = {p.name: tuple(s) for p, (s, _) in zip(params, input_specs)}
+    from ..lang.ranges import infer_ranges
+    ranges = infer_ranges(cdef, shapes, scalars,
+                          {n: (0, 0) for n in _index_inputs_of(cdef)})
+    spec = KernelSpec(cdef, ranges, options or MappingOptions.default_for(cdef.ast))
+    outs = [(n, ranges.shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
+    return kernel_source(spec), outs
+
+
+def _index_inputs_of(cdef):
+    from ..api import _index_inputs
+    return _index_inputs(cdef)

@@ -77,6 +77,9 @@ def tokenize(source: str) -> list[Token]:
                 toks.append(Token("ID", text, line, col))
             pos = end
             continue
+        if m_num and ch == "." and toks and toks[-1].kind == "ID" and \
+                toks[-1].line == line and toks[-1].column + len(toks[-1].text) == col:
+            m_num = None        # "A.1": the dimension-size operator, not the number .1
         if m_num:
             text = m_num.group()
             is_float = any(c in text for c in ".eEfF") and not text.lower().startswith("0x")

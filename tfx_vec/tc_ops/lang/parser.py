@@ -26,6 +26,7 @@ _ASSIGN = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False), "min=": 
            "min=!": ("min=", True), "max=!": ("max=", True)}
 # binary operators by precedence level, loosest first
 _LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
+_MAX_DEPTH = 100   # deeper expressions would exhaust Python's stack in later passes
 _KEYWORDS = ("def", "where")  # "in" is only special inside a where clause
 
 
@@ -43,6 +44,7 @@ class _Parser:
         self.source = source
         self.toks = tokenize(source)
         self.pos = 0
+        self.depth = 0
 
     # -- token helpers -------------------------------------------------------------------
     @property
@@ -188,6 +190,15 @@ class _Parser:
 
     # -- expressions ---------------------------------------------------------------------
     def expr(self) -> A.Expr:
+        self.depth += 1
+        try:
+            if self.depth > _MAX_DEPTH:
+                raise self.error((), f"expression nested more than {_MAX_DEPTH} levels deep")
+            return self._expr()
+        finally:
+            self.depth -= 1
+
+    def _expr(self) -> A.Expr:
         cond = self.binary(0)
         if self.at("?"):
             q = self.advance()
@@ -210,7 +221,13 @@ class _Parser:
     def unary(self) -> A.Expr:
         if self.at("-", "!", "+"):
             op = self.advance()
-            return A.Unary(op.kind, self.unary(), op.span)
+            self.depth += 1
+            try:
+                if self.depth > _MAX_DEPTH:
+                    raise self.error((), f"expression nested more than {_MAX_DEPTH} levels deep")
+                return A.Unary(op.kind, self.unary(), op.span)
+            finally:
+                self.depth -= 1
         return self.primary()
 
     def primary(self) -> A.Expr:

@@ -184,7 +184,7 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
             for v, constraints in rnd:
                 lo, hi = 0, None
                 for c in constraints:
-                    coef, rest = linear_in(c.expr, v)
+                    coef, rest = linear_in(c.expr, v, d.params)
                     a = interval(coef, env, all_shapes)
                     r = interval(rest, env, all_shapes)
                     if a is None or a[0] != a[1] or r is None:

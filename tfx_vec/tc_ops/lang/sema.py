@@ -101,6 +101,11 @@ class CheckedDef:
         return self.ast.name
 
     @property
+    def params(self) -> frozenset:
+        """Names that are constants of one compilation: sizes and scalar arguments."""
+        return frozenset(self.sizes) | frozenset(self.scalars)
+
+    @property
     def inputs(self) -> tuple[A.Param, ...]:
         return self.ast.params
 
@@ -127,10 +132,12 @@ def check(d: A.Def, source: str = "") -> CheckedDef:
 
 
 # -- linear decomposition (shared with range inference) ----------------------------------
-def linear_in(e: A.Expr, v: str) -> tuple[A.Expr, A.Expr] | None:
+def linear_in(e: A.Expr, v: str, params: frozenset = frozenset()
+              ) -> tuple[A.Expr, A.Expr] | None:
     """Write ``e`` as ``coef * v + rest`` with ``v`` free in coef and rest; None if not linear.
 
-    ``coef`` and ``rest`` are AST expressions (``IntLit(0)`` when absent).
+    ``coef`` may only use literals and ``params`` (sizes, scalars); ``coef`` and ``rest`` are AST
+    expressions (``IntLit(0)`` when absent).
     """
     sp = getattr(e, "span", Span(0, 0))
     zero, one = A.IntLit(0, sp), A.IntLit(1, sp)
@@ -139,23 +146,23 @@ def linear_in(e: A.Expr, v: str) -> tuple[A.Expr, A.Expr] | None:
     if isinstance(e, A.Ident):
         return one, zero
     if isinstance(e, A.Unary) and e.op in "+-":
-        r = linear_in(e.operand, v)
+        r = linear_in(e.operand, v, params)
         if r is None or e.op == "+":
             return r
         return A.Unary("-", r[0], sp), A.Unary("-", r[1], sp)
     if isinstance(e, A.Binary) and e.op in ("+", "-"):
-        a, b = linear_in(e.lhs, v), linear_in(e.rhs, v)
+        a, b = linear_in(e.lhs, v, params), linear_in(e.rhs, v, params)
         if a is None or b is None:
             return None
         return A.Binary(e.op, a[0], b[0], sp), A.Binary(e.op, a[1], b[1], sp)
     if isinstance(e, A.Binary) and e.op == "*":
         if not _mentions(e.rhs, v):
-            r, k = linear_in(e.lhs, v), e.rhs
+            r, k = linear_in(e.lhs, v, params), e.rhs
         elif not _mentions(e.lhs, v):
-            r, k = linear_in(e.rhs, v), e.lhs
+            r, k = linear_in(e.rhs, v, params), e.lhs
         else:
             return None
-        if r is None or _has_read(k) or _index_idents(k):
+        if r is None or _has_read(k) or _index_idents(k, params):
             return None
         return A.Binary("*", r[0], k, sp), A.Binary("*", r[1], k, sp)
     return None
@@ -211,20 +218,18 @@ class _Checker:
                                                   p.span)
                 for dim, sp in zip(p.dims, p.dim_spans):
                     if isinstance(dim, str):
-                        if dim in self.scalars or dim in self.tensors:
-                            raise self.err(TcNameError, f"size {dim!r} is also a parameter name",
-                                           sp)
+                        if dim in self.scalars:   # sizes and tensors are separate namespaces
+                            raise self.err(TcNameError, f"size {dim!r} is also a scalar "
+                                           "parameter", sp)
                         if dim not in self.sizes:
                             self.sizes.append(dim)
         for name in self.d.params:
-            if name.name in self.sizes:
-                raise self.err(TcNameError, f"parameter {name.name!r} is also a size name",
-                               name.span)
+            if name.is_scalar and name.name in self.sizes:
+                raise self.err(TcNameError, f"scalar parameter {name.name!r} is also a size "
+                               "name", name.span)
         for r, sp in zip(self.d.returns, self.d.return_spans):
             if r in seen:
                 raise self.err(TcNameError, f"output {r!r} is also an input parameter", sp)
-            if r in self.sizes:
-                raise self.err(TcNameError, f"output {r!r} is also a size name", sp)
             if self.d.returns.count(r) > 1:
                 raise self.err(TcNameError, f"output {r!r} is listed twice", sp)
 
@@ -287,6 +292,9 @@ class _Checker:
         cs = CheckedStmt(k, s, tuple(s.lhs_indices), red_vars, dtype, tuple(reads), (), where, ())
         return cs, (s, index_vars, where, reads)
 
+    def params(self) -> frozenset:
+        return frozenset(self.sizes) | frozenset(self.scalars)
+
     def known_names(self) -> set:
         return set(self.tensors) | set(self.scalars) | set(self.sizes)
 
@@ -303,8 +311,6 @@ class _Checker:
         if s.lhs in self.scalars or (s.lhs in self.tensors and
                                       self.tensors[s.lhs].kind == "input"):
             raise self.err(TcSemanticError, f"cannot write to input {s.lhs!r}", s.span)
-        if s.lhs in self.sizes:
-            raise self.err(TcNameError, f"{s.lhs!r} is a size, not a tensor", s.span)
         for i, (v, sp) in enumerate(zip(s.lhs_indices, s.lhs_index_spans)):
             if v in s.lhs_indices[:i]:
                 raise self.err(TcSemanticError, f"index {v!r} is used twice on the left side "
@@ -510,7 +516,7 @@ class _Checker:
                 if _has_read(c.expr):
                     continue
                 free = [v for v in unresolved if _mentions(c.expr, v)]
-                if len(free) == 1 and linear_in(c.expr, free[0]) is not None:
+                if len(free) == 1 and linear_in(c.expr, free[0], self.params()) is not None:
                     this_round.setdefault(free[0], []).append(c)
             if not this_round:
                 if not final and s.lhs not in sized and all(v in s.lhs_indices

@@ -1,0 +1,284 @@
+"""Shared corpus of test TCs: every TC of the paper and of the original project's examples.
+
+Each :class:`Case` is a row: ``name``, TC ``source``, ``entry``, ``inputs(rng)`` (random shapes
+and non-zero values; returns the argument list in signature order) and ``reference(*args)`` (NumPy,
+returns the outputs in ``-> (...)`` order).  Backends (cpu here, OpenCL/CUDA in T2's tests) run
+every case and compare every output element.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from tests.support import random_array
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    source: str
+    entry: str
+    inputs: Callable[[np.random.Generator], list]
+    reference: Callable[..., tuple]
+    rtol: float = 1e-4
+    atol: float = 1e-4
+
+
+def _d(rng, lo=2, hi=9):
+    return int(rng.integers(lo, hi))
+
+
+def _f(rng, *shape):
+    return random_array(rng, shape, np.float32)
+
+
+def _idx(rng, n, *shape):
+    return rng.integers(0, n, size=shape).astype(np.int32)
+
+
+def _conv_ref(I, W):
+    """Valid cross-correlation: O(n,f,h,w) = sum_{c,kh,kw} I(n,c,h+kh,w+kw) W(f,c,kh,kw)."""
+    N, C, H, Wd = I.shape
+    F, _, KH, KW = W.shape
+    win = np.lib.stride_tricks.sliding_window_view(I, (KH, KW), axis=(2, 3))
+    return np.einsum("nchwij,fcij->nfhw", win, W, optimize=True)
+
+
+def _mlp_layer(x, W, b):
+    return np.maximum(x @ W.T + b, 0)
+
+
+CASES: list[Case] = []
+
+
+def case(name, source, entry, inputs, reference, **tol):
+    CASES.append(Case(name, source, entry, inputs, reference, **tol))
+
+
+case("mv", """
+def mv(float(M,K) A, float(K) x) -> (C) {
+    C(i) +=! A(i,k) * x(k)
+}""", "mv", lambda r: [_f(r, _d(r), k := _d(r)), _f(r, k)], lambda A, x: (A @ x,))
+
+case("sgemm", """
+def sgemm(float a, float b, float(N,M) A, float(M,K) B, float(N,K) C) -> (D) {
+    D(i,j) = b * C(i,j)           # initialisation
+    D(i,j) += a * A(i,k) * B(k,j) # accumulation
+}""", "sgemm",
+     lambda r: [np.float32(1.5), np.float32(-0.5), _f(r, n := _d(r), m := _d(r)),
+                _f(r, m, k := _d(r)), _f(r, n, k)],
+     lambda a, b, A, B, C: (b * C + a * (A @ B),))
+
+case("fcrelu", """
+def fcrelu(float(B,M) I, float(N,M) W, float(N) bias) -> (O) {
+    O(b,n) = bias(n)
+    O(b,n) += I(b,m) * W(n,m)
+    O(b,n) = fmaxf(O(b,n), 0)
+}""", "fcrelu", lambda r: [_f(r, _d(r), m := _d(r)), _f(r, n := _d(r), m), _f(r, n)],
+     lambda I, W, b: (_mlp_layer(I, W, b),))
+
+case("conv2d", """
+def conv2d(float(B,IP,H,W) in, float(OP,IP,KH,KW) weight) -> (out) {
+    out(b,op,h,w) +=! in(b,ip, h + kh, w + kw) * weight(op,ip,kh,kw)
+}""", "conv2d",
+     lambda r: [_f(r, 2, c := _d(r, 1, 4), _d(r, 5, 9), _d(r, 5, 9)),
+                _f(r, _d(r, 1, 4), c, _d(r, 1, 4), _d(r, 1, 4))],
+     lambda I, W: (_conv_ref(I, W),))
+
+
+def _sconv_ref(sh, sw, I, W, B):
+    full = _conv_ref(I, W)
+    return (full[:, :, ::int(sh), ::int(sw)] + B[None, :, None, None],)
+
+
+case("sconv2d", """
+def sconv2d(int32 sh, int32 sw, float(N,C,H,W) I, float(F,C,KH,KW) W, float(F) B) -> (O) {
+    O(n,f,h,w) = B(f)
+    O(n,f,h,w) += I(n,c, sh * h + kh, sw * w + kw) * W(f,c,kh,kw)
+}""", "sconv2d",
+     lambda r: [np.int32(2), np.int32(3), _f(r, 2, c := _d(r, 1, 4), _d(r, 6, 11), _d(r, 6, 11)),
+                _f(r, f := _d(r, 1, 4), c, _d(r, 1, 4), _d(r, 1, 4)), _f(r, f)],
+     _sconv_ref)
+
+
+def _maxpool_ref(x):
+    B, C, H, W = x.shape
+    h, w = (H - 2) // 2 + 1, (W - 2) // 2 + 1
+    v = np.stack([x[:, :, a:a + 2 * h:2, b:b + 2 * w:2] for a in (0, 1) for b in (0, 1)])
+    return (v.max(axis=0),)
+
+
+case("maxpool2x2", """
+def maxpool2x2(float(B,C,H,W) in) -> (out) {
+    out(b,c,i,j) max=! in(b,c, 2 * i + kw, 2 * j + kh)
+        where kw in 0:2, kh in 0:2
+}""", "maxpool2x2", lambda r: [_f(r, 2, _d(r, 1, 4), _d(r, 2, 10), _d(r, 2, 10))],
+     _maxpool_ref)
+
+case("gather", """
+def gather(float(N) X, int32(A,B) I) -> (Z) {
+    Z(i,j) = X(I(i,j))
+}""", "gather", lambda r: [_f(r, n := _d(r)), _idx(r, n, _d(r), _d(r))],
+     lambda X, I: (X[I],))
+
+case("tmm", """
+def tmm(float(M,K) A, float(N,K) B) -> (C) {
+    C(m,n) +=! A(m,kk) * B(n,kk)
+}""", "tmm", lambda r: [_f(r, _d(r, 2, 40), k := _d(r, 2, 40)), _f(r, _d(r, 2, 40), k)],
+     lambda A, B: (A @ B.T,))
+
+case("tbmm", """
+def tbmm(float(B,N,M) X, float(B,K,M) Y) -> (Z) {
+    Z(b,n,k) +=! X(b,n,m) * Y(b,k,m)
+}""", "tbmm", lambda r: [_f(r, b := _d(r), _d(r), m := _d(r)), _f(r, b, _d(r), m)],
+     lambda X, Y: (np.einsum("bnm,bkm->bnk", X, Y),))
+
+case("group_convolution", """
+def group_convolution(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1, float(G,F) B) -> (O) {
+    O(n,g,f,h,w) +=! I(n,g,c, h + kh, w + kw) * W1(g,f,c,kh,kw)
+    O(n,g,f,h,w) = O(n,g,f,h,w) + B(g,f)
+}""", "group_convolution",
+     lambda r: [_f(r, 2, g := _d(r, 1, 4), c := _d(r, 1, 4), _d(r, 4, 8), _d(r, 4, 8)),
+                _f(r, g, f := _d(r, 1, 4), c, 3, 3), _f(r, g, f)],
+     lambda I, W, B: (np.stack([_conv_ref(I[:, g], W[g]) for g in range(I.shape[1])], 1)
+                      + B[None, :, :, None, None],))
+
+case("1LUT", """
+def 1LUT(float(E1,D) LUT1, int32(B,L1) I1) -> (O1) {
+    O1(i,j) +=! LUT1(I1(i,k), j)
+}""", "1LUT", lambda r: [_f(r, e := _d(r), _d(r)), _idx(r, e, _d(r), _d(r))],
+     lambda L, I: (L[I].sum(axis=1),))
+
+case("2LUT", """
+def 2LUT(float(E1,D) LUT1, int32(B,L1) I1, float(E2,D) LUT2, int32(B,L2) I2) -> (O1, O2) {
+    O1(i,j) +=! LUT1(I1(i,k), j)
+    O2(i,j) +=! LUT2(I2(i,k), j)
+}""", "2LUT",
+     lambda r: [_f(r, e1 := _d(r), d := _d(r)), _idx(r, e1, b := _d(r), _d(r)),
+                _f(r, e2 := _d(r), d), _idx(r, e2, b, _d(r))],
+     lambda L1, I1, L2, I2: (L1[I1].sum(axis=1), L2[I2].sum(axis=1)))
+
+case("MLP3", """
+def MLP3(float(B,N) I, float(O,N) W2, float(O) B2, float(P,O) W3, float(P) B3,
+         float(Q,P) W4, float(Q) B4) -> (O2, O3, O4) {
+    O2(b,o) = B2(o)
+    O2(b,o) += I(b,n) * W2(o,n)
+    O2(b,o) = fmaxf(O2(b,o), 0)
+    O3(b,p) = B3(p)
+    O3(b,p) += O2(b,o) * W3(p,o)
+    O3(b,p) = fmaxf(O3(b,p), 0)
+    O4(b,q) = B4(q)
+    O4(b,q) += O3(b,p) * W4(q,p)
+    O4(b,q) = fmaxf(O4(b,q), 0)
+}""", "MLP3",
+     lambda r: [_f(r, _d(r), n := _d(r)), _f(r, o := _d(r), n), _f(r, o), _f(r, p := _d(r), o),
+                _f(r, p), _f(r, q := _d(r), p), _f(r, q)],
+     lambda I, W2, B2, W3, B3, W4, B4: (
+         o2 := _mlp_layer(I, W2, B2), o3 := _mlp_layer(o2, W3, B3), _mlp_layer(o3, W4, B4)))
+
+case("outerProductMM", """
+def outerProductMM(float(P,Q,R) A, float(S,R,T) B) -> (O) {
+    O(p,s,q,t) +=! A(p,q,r) * B(s,r,t)
+}""", "outerProductMM",
+     lambda r: [_f(r, _d(r, 2, 5), _d(r, 2, 5), k := _d(r, 2, 5)), _f(r, _d(r, 2, 5), k, _d(r, 2, 5))],
+     lambda A, B: (np.einsum("pqr,srt->psqt", A, B),))
+
+case("softmax", """
+def softmax(float(N,D) I) -> (O, maxVal, expSum) {
+    maxVal(n) max=! I(n,d)
+    expSum(n) +=! exp(I(n,d) - maxVal(n))
+    O(n,d) = exp(I(n,d) - maxVal(n)) / expSum(n)
+}""", "softmax", lambda r: [_f(r, _d(r), _d(r))],
+     lambda I: (np.exp(I - I.max(1, keepdims=True)) / np.exp(I - I.max(1, keepdims=True)).sum(
+         1, keepdims=True), I.max(1), np.exp(I - I.max(1, keepdims=True)).sum(1)))
+
+
+def _layernorm_ref(I):
+    mean = I.mean(axis=2)
+    var = ((I - mean[..., None]) ** 2).mean(axis=2)
+    return ((I - mean[..., None]) / np.sqrt(var[..., None] + 1e-5), mean, var)
+
+
+case("layernorm", """
+def layernorm(float(T,B,C) I) -> (O, mean, var) {
+    mean(t,b) +=! I(t,b,c) / C
+    centered(t,b,c) = I(t,b,c) - mean(t,b)      # a temporary
+    var(t,b) +=! centered(t,b,c) * centered(t,b,c)
+    var(t,b) = var(t,b) / C
+    O(t,b,c) = centered(t,b,c) / sqrt(var(t,b) + 1e-5)
+}""", "layernorm", lambda r: [_f(r, _d(r), _d(r), _d(r))], _layernorm_ref)
+
+
+def _groupnorm_ref(I, gamma, beta):
+    mean = I.mean(axis=(2, 3, 4))
+    var = ((I - mean[:, :, None, None, None]) ** 2).mean(axis=(2, 3, 4))
+    x = (I - mean[:, :, None, None, None]) / np.sqrt(var[:, :, None, None, None] + 1e-5)
+    return (gamma[None, :, :, None, None] * x + beta[None, :, :, None, None], mean, var)
+
+
+case("group_normalization", """
+def group_normalization(float(N,G,D,H,W) I, float(G,D) gamma, float(G,D) beta)
+    -> (O, mean, var) {
+    mean(n,g) +=! I(n,g,d,h,w)
+    mean(n,g) = mean(n,g) / (D * H * W)
+    var(n,g) +=! (I(n,g,d,h,w) - mean(n,g)) * (I(n,g,d,h,w) - mean(n,g))
+    var(n,g) = var(n,g) / (D * H * W)
+    O(n,g,d,h,w) = gamma(g,d) * (I(n,g,d,h,w) - mean(n,g)) * rsqrt(var(n,g) + 1e-5)
+                   + beta(g,d)
+}""", "group_normalization",
+     lambda r: [_f(r, 2, g := _d(r, 1, 4), d := _d(r, 1, 4), _d(r, 2, 5), _d(r, 2, 5)),
+                _f(r, g, d), _f(r, g, d)], _groupnorm_ref, rtol=1e-3, atol=1e-3)
+
+case("kronecker", """
+def kronecker(float(M,N) A, float(P,Q) B) -> (C) {
+    C(i,j) = A(i / P, j / Q) * B(i % P, j % Q) where i in 0:M*P, j in 0:N*Q
+}""", "kronecker", lambda r: [_f(r, _d(r, 1, 5), _d(r, 1, 5)), _f(r, _d(r, 1, 5), _d(r, 1, 5))],
+     lambda A, B: (np.kron(A, B),))
+
+case("conv1d", """
+def conv1d(float(M) I, float(N) K) -> (O) {
+    O(i) +=! K(x) * I(i + x)
+}""", "conv1d", lambda r: [_f(r, _d(r, 6, 12)), _f(r, _d(r, 1, 5))],
+     lambda I, K: (np.correlate(I, K, mode="valid"),))
+
+# language coverage: several defs, 0-d output, ?:, comparisons, casts, ints, double, min/*=,
+# builtins
+case("dot", """
+def dot(float(N) x, float(N) y) -> (s) {
+    s +=! x(i) * y(i)
+}""", "dot", lambda r: [_f(r, n := _d(r)), _f(r, n)], lambda x, y: (np.array(x @ y),))
+
+case("leaky_mask", """
+def leaky_mask(float(N) X, float alpha) -> (Y, M) {
+    Y(i) = X(i) > 0 ? X(i) : alpha * X(i)
+    M(i) = int32(X(i) > 0) + 2 * int32(X(i) < -1.0)
+}""", "leaky_mask", lambda r: [_f(r, _d(r, 4, 20)), np.float32(0.1)],
+     lambda X, a: (np.where(X > 0, X, a * X), (X > 0).astype(np.int32)
+                   + 2 * (X < -1).astype(np.int32)))
+
+def _row_stats_inputs(r):
+    n, m = _d(r), _d(r, 2, 6)
+    return [random_array(r, (n, m), np.float64), random_array(r, (n, m), np.int64)]
+
+
+case("row_stats", """
+def row_stats(double(N,M) A, int64(N,M) K) -> (mn, prod, kmax, habs) {
+    mn(i) min=! A(i,j)
+    prod(i) *=! A(i,j)
+    kmax(i) max=! K(i,j) * 3 - 1
+    habs(i,j) = fabs(tanh(A(i,j))) + sqrt(exp(A(i,j))) - log(1 + abs(A(i,j)))
+}""", "row_stats", _row_stats_inputs,
+     lambda A, K: (A.min(1), A.prod(1), (K * 3 - 1).max(1),
+                   np.abs(np.tanh(A)) + np.sqrt(np.exp(A)) - np.log(1 + np.abs(A))),
+     rtol=1e-10, atol=1e-10)
+
+case("half_axpy", """
+def half_axpy(half(N) X, half(N) Y) -> (Z) {
+    Z(i) = X(i) * 2 + Y(i)
+}""", "half_axpy",
+     lambda r: [random_array(r, (n := _d(r),), np.float16), random_array(r, (n,), np.float16)],
+     lambda X, Y: ((X * np.float16(2) + Y).astype(np.float16),), rtol=1e-2, atol=1e-2)
+
+BY_NAME = {c.name: c for c in CASES}

@@ -1,0 +1,190 @@
+"""GPU mapping of a scheduled TC (paper §5.3-5.5): tile, map to blocks and threads, promote.
+
+``map_to_gpu(kernel, options)`` takes T1's :class:`~.kernel.PolyKernel`, schedules it (isl's
+scheduler with the options' fusion strategy, or the identity schedule for ``naive()``) and
+returns a :class:`GpuMapping`: one :class:`GpuKernel` per outermost schedule part (a single
+kernel when the outermost band covers every statement; a top-level sequence that cannot be fused
+becomes kernels launched in order).  Inside each kernel, following PPCG/TC:
+
+1. the outermost band is tiled by ``options.tile`` (``poly/tile.py``; members beyond the given
+   sizes are split off and run inside the point loops);
+2. its leading coincident tile members are mapped to blocks and the same point members to
+   threads (``map_to_blocks``/``map_to_threads`` sizes, x = innermost mapped member), by inserting
+   filters ``tile_j = b + nb * e`` above the tile band and ``point_j = t + nt * e`` above the point
+   band (Figure 3e), so isl's AST generator writes strided loops over the block/thread ids;
+   a kernel whose outer member carries a dependence runs as one thread (every instance is executed
+   by exactly one thread, so a reduction never races);
+3. with ``use_shared_memory``, ``poly/promote.py`` picks read-only arrays whose tile footprint has
+   a fixed-size box, reuse or uncoalesced accesses and fits the shared memory; a mark above the
+   thread filter tells the printer where to copy them in (all threads, then a barrier) and where
+   the tile's computation ends (a barrier before the next copy).
+
+The printers (``codegen/opencl.py``, ``codegen/cuda.py``) turn each kernel's schedule into code.
+
+Example:
+    >>> from tfx_vec.tc_ops.lang import parse
+    >>> from tfx_vec.tc_ops.lang.sema import check
+    >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+    >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+    >>> from tfx_vec.tc_ops.options import MappingOptions
+    >>> d = check(parse("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+    ...                 "{ C(m,n) +=! A(m,kk) * B(n,kk) }").defs[0])
+    >>> k = build_kernel(d, infer_ranges(d, {"A": (40, 30), "B": (50, 30)}))
+    >>> m = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(8, 4),
+    ...                                  map_to_blocks=(2, 2)))
+    >>> [(g.grid, g.block) for g in m.kernels]
+    [((2, 2), (4, 8))]
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import islpy as isl
+
+from ..options import MappingOptions
+from .kernel import PolyKernel
+from .promote import Promotion, promote_shared
+from .tile import tile_band
+
+__all__ = ["GpuKernel", "GpuMapping", "map_to_gpu", "schedule_for", "BLOCK_IDS", "THREAD_IDS",
+           "SHARED_MARK"]
+
+BLOCK_IDS = ("_b0", "_b1", "_b2")      # x, y, z: blockIdx / get_group_id
+THREAD_IDS = ("_t0", "_t1", "_t2")     # x, y, z: threadIdx / get_local_id
+SHARED_MARK = "shared"
+
+
+@dataclasses.dataclass
+class GpuKernel:
+    """One kernel launch: its mapped schedule, grid and block sizes (x first), promotions."""
+
+    name: str
+    schedule: isl.Schedule
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    promotions: dict[str, list[Promotion]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def context(self) -> str:
+        """isl text of the parameter context (0 <= id < size for every mapped id)."""
+        ids = [f"0 <= {n} < {s}" for n, s in zip(BLOCK_IDS, self.grid)]
+        ids += [f"0 <= {n} < {s}" for n, s in zip(THREAD_IDS, self.block)]
+        names = list(BLOCK_IDS[:len(self.grid)]) + list(THREAD_IDS[:len(self.block)])
+        return f"[{', '.join(names)}] -> {{ : {' and '.join(ids) or 'true'} }}"
+
+
+@dataclasses.dataclass
+class GpuMapping:
+    kernel: PolyKernel
+    options: MappingOptions
+    kernels: list[GpuKernel]
+
+
+def schedule_for(kernel: PolyKernel, options: MappingOptions) -> isl.Schedule:
+    """The schedule the mapping starts from: identity for the naive options, else isl's."""
+    if options == MappingOptions.naive():
+        return kernel.identity_schedule()
+    return kernel.isl_schedule(options)
+
+
+def _parts(schedule: isl.Schedule) -> list[isl.UnionSet]:
+    """Statement sets of the kernels: one per child of an outermost sequence/set, else all."""
+    node = schedule.get_root().child(0)
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        return [node.child(i).filter_get_filter() for i in range(node.n_children())]
+    return [schedule.get_domain()]
+
+
+def _part_root(schedule: isl.Schedule) -> isl.ScheduleNode:
+    """The node under which a restricted schedule's single part lives."""
+    node = schedule.get_root().child(0)
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        for i in range(node.n_children()):
+            child = node.child(i)
+            if not child.filter_get_filter().is_empty():
+                return child.child(0)
+    return node
+
+
+def _coincident_prefix(node: isl.ScheduleNode) -> int:
+    n = 0
+    while n < node.band_n_member() and node.band_member_get_coincident(n):
+        n += 1
+    return n
+
+
+def _residue_filter(node: isl.ScheduleNode, members: list[int], ids: list[str],
+                    sizes: list[int]) -> isl.UnionSet:
+    """Instances whose band member ``members[j]`` is ``ids[j]`` modulo ``sizes[j]``."""
+    mupa = node.band_get_partial_schedule()
+    umap = isl.UnionMap.from_multi_union_pw_aff(mupa)
+    n = node.band_n_member()
+    outs = [f"s{i}" for i in range(n)]
+    cons = [f"exists (e{j} : s{m} = {ids[j]} + {sizes[j]} * e{j})"
+            for j, m in enumerate(members)]
+    params = ", ".join(ids)
+    text = f"[{params}] -> {{ [{', '.join(outs)}] : {' and '.join(cons) or 'true'} }}"
+    rng = isl.Set.read_from_str(node.get_ctx(), text)
+    return umap.intersect_range(isl.UnionSet.from_set(rng)).domain()
+
+
+def _extent(node: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> int:
+    """Number of values band member ``member`` takes over ``domain`` (max + 1; they start at 0)."""
+    upa = node.band_get_partial_schedule().get_at(member)
+    vals = isl.UnionMap.from_union_pw_aff(upa).intersect_domain(domain).range()
+    s = isl.Set.from_union_set(vals)
+    return int(s.dim_max_val(0).to_python()) + 1
+
+
+def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOptions, index: int,
+              shared_budget: int) -> GpuKernel:
+    name = f"tc_{kernel.cdef.name}_k{index}"
+    node = _part_root(schedule)
+    domain = schedule.get_domain()
+    if node.get_type() != isl.schedule_node_type.band or _coincident_prefix(node) == 0:
+        return GpuKernel(name, node.get_schedule(), (1,), (1,))  # sequential: one thread
+    nc = _coincident_prefix(node)
+    sizes = list(options.tile) or list(options.map_to_threads[:nc])
+    tile_node, k = tile_band(node, sizes)
+    n_blocks = min(nc, k, len(options.map_to_blocks), 3)
+    n_threads = min(nc, k, len(options.map_to_threads), 3)
+    point = tile_node.child(0)
+    # member j of the band -> id dimension (n-1-j): the innermost mapped member is x
+    grid = [0] * n_blocks
+    for j in range(n_blocks):
+        grid[n_blocks - 1 - j] = min(options.map_to_blocks[n_blocks - 1 - j],
+                                     _extent(tile_node, j, domain))
+    block = [0] * n_threads
+    for j in range(n_threads):
+        block[n_threads - 1 - j] = min(options.map_to_threads[n_threads - 1 - j], sizes[j])
+    t_ids = [THREAD_IDS[n_threads - 1 - j] for j in range(n_threads)]
+    t_filter = _residue_filter(point, list(range(n_threads)), t_ids,
+                               [block[n_threads - 1 - j] for j in range(n_threads)])
+    b_ids = [BLOCK_IDS[n_blocks - 1 - j] for j in range(n_blocks)]
+    b_filter = _residue_filter(tile_node, list(range(n_blocks)), b_ids,
+                               [grid[n_blocks - 1 - j] for j in range(n_blocks)])
+    # insert bottom-up so the positions above stay valid
+    point = point.insert_filter(t_filter)
+    promotions: dict[str, list[Promotion]] = {}
+    if options.use_shared_memory:
+        mark = f"{SHARED_MARK}{index}"
+        chosen = promote_shared(kernel, point, block[0] if block else 1, shared_budget)
+        if chosen:
+            point = point.insert_mark(isl.Id(mark, context=kernel.ctx))
+            promotions[mark] = chosen
+    tile_node = point.parent()
+    tile_node = tile_node.insert_filter(b_filter)
+    return GpuKernel(name, tile_node.get_schedule(), tuple(grid), tuple(block), promotions)
+
+
+def map_to_gpu(kernel: PolyKernel, options: MappingOptions,
+               shared_budget: int = 48 * 1024) -> GpuMapping:
+    """Schedule, split into kernels, tile, map and promote ``kernel`` (see module docstring)."""
+    kernel.ctx.set_tile_scale_tile_loops(0)
+    kernel.ctx.set_tile_shift_point_loops(1)
+    schedule = schedule_for(kernel, options)
+    kernels = []
+    for i, part in enumerate(_parts(schedule)):
+        kernels.append(_map_part(kernel, schedule.intersect_domain(part), options, i,
+                                 shared_budget))
+    return GpuMapping(kernel, options, kernels)
