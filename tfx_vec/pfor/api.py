@@ -359,8 +359,9 @@ def _wants_config(loop_fn: Callable) -> bool:
         params = inspect.signature(loop_fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params) and False
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    return len(required) >= 2
 
 
 def in_xla_context() -> bool:

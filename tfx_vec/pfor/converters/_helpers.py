@@ -271,6 +271,9 @@ def same_shape(*op_types: str) -> None:
 
     @register_converter(*op_types)
     def _same_shape(x: ConversionInput):
+        ranks = {per_iteration_rank(w) for w in x.inputs}
+        if len(ranks) != 1 or None in ranks:  # e.g. a scalar that the op broadcasts itself
+            return None
         return reemit_stacked(x, [x.stacked_input(i) for i in range(len(x.inputs))])
 
 

@@ -46,10 +46,10 @@ BINARY_OPS = (
     "SquaredDifference", "Atan2", "Xdivy", "Xlogy", "Xlog1py", "BitwiseAnd", "BitwiseOr",
     "BitwiseXor", "LeftShift", "RightShift", "Less", "LessEqual", "Greater", "GreaterEqual",
     "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "Igamma", "Igammac", "Zeta", "Polygamma",
-    "NextAfter", "Complex", "Betainc", "SelectV2", "ClipByValue",
+    "NextAfter", "Complex", "SelectV2", "ClipByValue",
 )
 broadcasting(*BINARY_OPS)
-same_shape("AddN", "ApproximateEqual")
+same_shape("AddN", "ApproximateEqual", "Betainc")
 
 
 @register_converter("Select")

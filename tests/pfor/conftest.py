@@ -1,0 +1,18 @@
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def _fast_function_instantiation():
+    """Grappler's graph rewrites dominate the cost of the many one-off tf.functions these
+    tests build; they do not change results, so they are off for the pfor tests only."""
+    import tensorflow as tf
+    old = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    yield
+    tf.config.optimizer.set_experimental_options(old)

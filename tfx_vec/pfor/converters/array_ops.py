@@ -1,0 +1,453 @@
+"""Converters for shape-manipulation and indexing ops (paper §3.4: renumber axes, fold batch).
+
+Shape-like operands (``shape``, ``axis``, ``perm``, ``begin``, ...) must be loop-invariant for
+the vectorized form; when they depend on the loop index the converter returns None and the
+op runs in the per-iteration fallback (which checks that all iterations agree in shape).
+
+Example:
+    >>> import tensorflow as tf, tfx_vec
+    >>> x = tf.reshape(tf.range(24), [2, 3, 4])
+    >>> tfx_vec.pfor(lambda i: tf.transpose(tf.gather(x, i))[1:, ::2], 2).shape
+    TensorShape([2, 3, 2])
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfx_vec.pfor.converters._helpers import (align_ranks, create_op_like, elementwise,
+                                              expand_after_batch, move_axis, per_iteration_rank,
+                                              reemit_stacked, shift_axis, stacked, static_value)
+from tfx_vec.pfor.errors import runtime_message
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+elementwise("MatrixDiag", "MatrixDiagPart")
+
+
+def _invariant(x: ConversionInput, *indices: int) -> bool:
+    return not any(x.is_stacked(i) for i in indices)
+
+
+def _shifted(axis) -> tf.Tensor:
+    out = shift_axis(axis)
+    return tf.constant(out) if isinstance(out, np.ndarray) else out
+
+
+def _n(x: ConversionInput, t: tf.Tensor) -> tf.Tensor:
+    """Leading (batch) dimension of a stacked value, static when known."""
+    return t.shape[0] if t.shape[0] is not None else tf.shape(t)[0]
+
+
+def _with_batch(x: ConversionInput, shape: tf.Tensor) -> tf.Tensor:
+    """``[n, *shape]`` for a shape vector."""
+    shape = tf.convert_to_tensor(shape)
+    return tf.concat([tf.reshape(tf.cast(x.loop_len, shape.dtype), [1]), shape], 0)
+
+
+# {{{ reshape family
+
+@register_converter("Reshape")
+def _reshape(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    t = x.stacked_input(0)
+    return stacked(tf.reshape(t, _with_batch(x, x.input(1).t)))
+
+
+@register_converter("ExpandDims")
+def _expand_dims(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    return reemit_stacked(x, [x.input(0).t, _shifted(x.input(1).t)])
+
+
+@register_converter("Squeeze")
+def _squeeze(x: ConversionInput):
+    dims = list(x.attr("squeeze_dims"))
+    if not dims:  # squeeze every size-1 axis: must be known statically, never the batch axis
+        shape = x.op.inputs[0].shape
+        if not shape.is_fully_defined():
+            return None
+        dims = [k for k, d in enumerate(shape.as_list()) if d == 1]
+    new = [d + 1 if d >= 0 else d for d in dims]
+    return stacked(tf.squeeze(x.input(0).t, axis=new) if new else x.input(0).t)
+
+
+@register_converter("Transpose", "ConjugateTranspose")
+def _transpose(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    perm, rank = x.input(1).t, per_iteration_rank(x.input(0))
+    value = static_value(perm)
+    if value is not None:
+        value = np.asarray(value)
+        new_perm = tf.constant(np.concatenate([[0], np.where(value < 0, value + rank, value) + 1])
+                               .astype(value.dtype)) if rank is not None or not len(value) else None
+        if new_perm is None:
+            return None
+    else:
+        r = tf.cast(tf.size(perm), perm.dtype)
+        new_perm = tf.concat([tf.zeros([1], perm.dtype), tf.where(perm < 0, perm + r, perm) + 1], 0)
+    return reemit_stacked(x, [x.input(0).t, new_perm])
+
+
+@register_converter("BroadcastTo")
+def _broadcast_to(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    shape = x.input(1).t
+    target_rank = shape.shape[0] if shape.shape.rank == 1 else None
+    rank = per_iteration_rank(x.input(0))
+    if target_rank is None or rank is None:
+        return None
+    t = expand_after_batch(x.input(0).t, target_rank - rank)
+    return stacked(tf.broadcast_to(t, _with_batch(x, shape)))
+
+
+@register_converter("BroadcastArgs")
+def _broadcast_args(x: ConversionInput):
+    s0, s1 = x.stacked_input(0), x.stacked_input(1)
+    a, b = s0.shape[1], s1.shape[1]
+    if a is None or b is None:
+        return None
+    m = max(a, b)
+    pad = lambda s, k: tf.pad(s, [[0, 0], [m - k, 0]], constant_values=1)  # noqa: E731
+    s0, s1 = pad(s0, a), pad(s1, b)
+    return stacked(tf.where(tf.equal(s0, 1), s1, s0))
+
+# }}}
+
+# {{{ joining and splitting
+
+
+@register_converter("ConcatV2")
+def _concat(x: ConversionInput):
+    n = len(x.inputs) - 1
+    if x.is_stacked(n):
+        return None
+    values = [x.stacked_input(i) for i in range(n)]
+    return stacked(tf.concat(values, axis=_shifted(x.input(n).t)))
+
+
+@register_converter("Concat")
+def _concat_v1(x: ConversionInput):
+    if x.is_stacked(0):
+        return None
+    values = [x.stacked_input(i) for i in range(1, len(x.inputs))]
+    return stacked(tf.concat(values, axis=_shifted(x.input(0).t)))
+
+
+@register_converter("Pack")
+def _pack(x: ConversionInput):
+    axis = x.attr("axis")
+    values = [x.stacked_input(i) for i in range(len(x.inputs))]
+    return stacked(tf.stack(values, axis=axis + 1 if axis >= 0 else axis))
+
+
+@register_converter("Unpack")
+def _unpack(x: ConversionInput):
+    axis = x.attr("axis")
+    return reemit_stacked(x, [x.input(0).t], attrs={"axis": axis + 1 if axis >= 0 else axis})
+
+
+@register_converter("Split")
+def _split(x: ConversionInput):
+    if x.is_stacked(0):
+        return None
+    return reemit_stacked(x, [_shifted(x.input(0).t), x.input(1).t])
+
+
+@register_converter("SplitV")
+def _split_v(x: ConversionInput):
+    if not _invariant(x, 1, 2):
+        return None
+    return reemit_stacked(x, [x.input(0).t, x.input(1).t, _shifted(x.input(2).t)])
+
+
+@register_converter("Tile")
+def _tile(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    m = x.input(1).t
+    return reemit_stacked(x, [x.input(0).t, tf.concat([tf.ones([1], m.dtype), m], 0)])
+
+
+@register_converter("Pad", "PadV2", "MirrorPad")
+def _pad(x: ConversionInput):
+    if not _invariant(x, *range(1, len(x.inputs))):
+        return None
+    p = x.input(1).t
+    inputs = [x.input(0).t, tf.concat([tf.zeros([1, 2], p.dtype), p], 0)]
+    inputs += [w.t for w in x.inputs[2:]]
+    return reemit_stacked(x, inputs)
+
+# }}}
+
+# {{{ slicing and gathering
+
+
+@register_converter("Slice")
+def _slice(x: ConversionInput):
+    if not _invariant(x, 1, 2):
+        return None
+    begin, size = x.input(1).t, x.input(2).t
+    begin = tf.concat([tf.zeros([1], begin.dtype), begin], 0)
+    size = tf.concat([-tf.ones([1], size.dtype), size], 0)
+    return reemit_stacked(x, [x.input(0).t, begin, size])
+
+
+@register_converter("StridedSlice")
+def _strided_slice(x: ConversionInput):
+    """Prepend a full slice ``[:]`` for the batch axis; every mask moves one bit left."""
+    if not _invariant(x, 1, 2, 3):
+        return None
+    begin, end, strides = (x.input(i).t for i in (1, 2, 3))
+    one = lambda t, v: tf.concat([tf.fill([1], tf.cast(v, t.dtype)), t], 0)  # noqa: E731
+    attrs = {m: x.attr(m) << 1 for m in ("begin_mask", "end_mask", "ellipsis_mask",
+                                          "new_axis_mask", "shrink_axis_mask")}
+    attrs["begin_mask"] |= 1
+    attrs["end_mask"] |= 1
+    return reemit_stacked(x, [x.input(0).t, one(begin, 0), one(end, 0), one(strides, 1)],
+                          attrs=attrs)
+
+
+@register_converter("Gather", "GatherV2")
+def _gather(x: ConversionInput):
+    params, indices = x.input(0), x.input(1)
+    if x.op_type == "GatherV2":
+        if x.is_stacked(2):
+            return None
+        axis = static_value(x.input(2).t)
+        batch_dims = x.attr("batch_dims")
+    else:
+        axis, batch_dims = 0, 0
+    p_rank, i_rank = per_iteration_rank(params), per_iteration_rank(indices)
+    if axis is None or p_rank is None or i_rank is None:
+        return None
+    axis = int(axis) % p_rank if p_rank else 0
+    if batch_dims < 0:
+        batch_dims += i_rank
+    if params.is_stacked and not indices.is_stacked and batch_dims == 0:
+        return stacked(tf.gather(params.t, indices.t, axis=axis + 1))
+    if indices.is_stacked and not params.is_stacked and batch_dims == 0:
+        out = tf.gather(params.t, indices.t, axis=axis)  # [*p[:axis], n, *i, *p[axis+1:]]
+        return stacked(move_axis(out, axis, 0))
+    return stacked(tf.gather(x.stacked_input(0), x.stacked_input(1), axis=axis + 1,
+                             batch_dims=batch_dims + 1))
+
+
+@register_converter("GatherNd")
+def _gather_nd(x: ConversionInput):
+    params, indices = x.input(0), x.input(1)
+    if indices.is_stacked and not params.is_stacked:
+        return stacked(tf.gather_nd(params.t, indices.t))
+    return stacked(tf.gather_nd(x.stacked_input(0), x.stacked_input(1), batch_dims=1))
+
+
+@register_converter("ReverseV2")
+def _reverse_v2(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    return reemit_stacked(x, [x.input(0).t, _shifted(x.input(1).t)])
+
+
+@register_converter("Reverse")
+def _reverse(x: ConversionInput):
+    if x.is_stacked(1):
+        return None
+    dims = x.input(1).t
+    return reemit_stacked(x, [x.input(0).t, tf.concat([tf.zeros([1], tf.bool), dims], 0)])
+
+
+@register_converter("Roll")
+def _roll(x: ConversionInput):
+    if not _invariant(x, 1, 2):
+        return None
+    return reemit_stacked(x, [x.input(0).t, x.input(1).t, _shifted(x.input(2).t)])
+
+# }}}
+
+# {{{ creation
+
+
+@register_converter("Fill")
+def _fill(x: ConversionInput):
+    if x.is_stacked(0):
+        return None
+    dims, value = x.input(0).t, x.input(1).t          # value: stacked [n]
+    k = tf.size(dims)
+    v = tf.reshape(value, tf.concat([tf.shape(value)[:1], tf.ones([k], tf.int32)], 0))
+    out = tf.broadcast_to(v, _with_batch(x, tf.cast(dims, tf.int32)))
+    return stacked(out)
+
+
+@register_converter("OneHot")
+def _one_hot(x: ConversionInput):
+    if not _invariant(x, 1, 2, 3):
+        return None
+    axis = x.attr("axis")
+    return reemit_stacked(x, [w.t for w in x.inputs], attrs={"axis": axis + 1 if axis >= 0
+                                                             else axis})
+
+
+@register_converter("Range")
+def _range(x: ConversionInput):
+    """Every iteration's range must have the same length (checked at run time)."""
+    start, limit, delta = (x.stacked_input(i) for i in range(3))
+    dtype = x.op.outputs[0].dtype
+    if dtype.is_integer:
+        size = (tf.abs(limit - start) + tf.abs(delta) - 1) // tf.abs(delta)
+        size = tf.where((limit - start) * delta > 0, size, tf.zeros_like(size))
+    else:
+        size = tf.maximum(tf.math.ceil((limit - start) / delta), 0)
+    size = tf.cast(size, tf.int32)
+    size0 = _assert_same_across(x, size, "tf.range lengths differ across iterations")
+    steps = tf.cast(tf.range(size0), dtype)
+    return stacked(start[:, None] + delta[:, None] * steps[None, :])
+
+
+@register_converter("LinSpace")
+def _linspace(x: ConversionInput):
+    if x.is_stacked(2):
+        return None
+    start, stop = x.stacked_input(0), x.stacked_input(1)
+    return stacked(tf.linspace(start, stop, x.input(2).t, axis=1))
+
+# }}}
+
+# {{{ shapes (the per-iteration shape is the same in every iteration)
+
+
+def _per_iteration_shape(w: WrappedTensor, out_type) -> tf.Tensor:
+    s = tf.shape(w.t, out_type=out_type)
+    return s[1:] if w.is_stacked else s
+
+
+@register_converter("Shape")
+def _shape(x: ConversionInput):
+    return WrappedTensor(_per_iteration_shape(x.input(0), x.attr("out_type")), False)
+
+
+@register_converter("ShapeN")
+def _shape_n(x: ConversionInput):
+    return [WrappedTensor(_per_iteration_shape(w, x.attr("out_type")), False) for w in x.inputs]
+
+
+@register_converter("Size")
+def _size(x: ConversionInput):
+    s = _per_iteration_shape(x.input(0), x.attr("out_type"))
+    return WrappedTensor(tf.reduce_prod(s), False)
+
+
+@register_converter("Rank")
+def _rank(x: ConversionInput):
+    return WrappedTensor(tf.rank(x.input(0).t) - 1, False)
+
+
+@register_converter("IdentityN")
+def _identity_n(x: ConversionInput):
+    return [WrappedTensor(tf.identity(w.t), w.is_stacked) for w in x.inputs]
+
+
+@register_converter("EnsureShape")
+def _ensure_shape(x: ConversionInput):
+    shape = tf.TensorShape(x.attr("shape"))
+    full = tf.TensorShape([None]).concatenate(shape) if shape.rank is not None else shape
+    return stacked(tf.ensure_shape(x.input(0).t, full))
+
+
+@register_converter("PlaceholderWithDefault")
+def _placeholder_with_default(x: ConversionInput):
+    return stacked(tf.identity(x.input(0).t))
+
+# }}}
+
+# {{{ matrix structure
+
+
+@register_converter("MatrixBandPart")
+def _band_part(x: ConversionInput):
+    if not _invariant(x, 1, 2):
+        return None
+    return reemit_stacked(x, [w.t for w in x.inputs])
+
+
+@register_converter("MatrixDiagV2", "MatrixDiagV3", "MatrixDiagPartV2", "MatrixDiagPartV3")
+def _matrix_diag_v2(x: ConversionInput):
+    if not _invariant(x, *range(1, len(x.inputs))):
+        return None
+    return reemit_stacked(x, [w.t for w in x.inputs])
+
+
+@register_converter("MatrixSetDiag", "MatrixSetDiagV2", "MatrixSetDiagV3")
+def _matrix_set_diag(x: ConversionInput):
+    if not _invariant(x, *range(2, len(x.inputs))):
+        return None
+    return reemit_stacked(x, [x.stacked_input(0), x.stacked_input(1)] +
+                          [w.t for w in x.inputs[2:]])
+
+
+@register_converter("InvertPermutation")
+def _invert_permutation(x: ConversionInput):
+    p = x.input(0).t
+    return stacked(tf.cast(tf.argsort(p, axis=-1, stable=True), p.dtype))
+
+# }}}
+
+# {{{ data-dependent shapes: equal per-iteration counts are fine, ragged ones are an error
+
+
+def _assert_same_across(x: ConversionInput, per_iteration: tf.Tensor, what: str) -> tf.Tensor:
+    """``per_iteration[0]``, after a run-time check that every iteration has the same value."""
+    first = tf.cond(tf.size(per_iteration) > 0, lambda: per_iteration[0],
+                    lambda: tf.zeros([], per_iteration.dtype)) if not x.vectorizer.xla \
+        else per_iteration[0]
+    check = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(per_iteration, first)),
+        [runtime_message(x.op, what + " (a ragged result cannot be stacked); per-iteration "
+                               "values:"), per_iteration], summarize=20)
+    with tf.control_dependencies([check]):
+        return tf.identity(first)
+
+
+@register_converter("Where")
+def _where(x: ConversionInput):
+    cond = x.input(0).t
+    rank = per_iteration_rank(x.input(0))
+    if rank is None:
+        return None
+    as_bool = cond if cond.dtype == tf.bool else tf.not_equal(cond, tf.zeros([], cond.dtype))
+    counts = tf.reduce_sum(tf.cast(tf.reshape(as_bool, [tf.shape(as_bool)[0], -1]), tf.int32), 1)
+    count = _assert_same_across(x, counts, "the number of true elements differs across "
+                                           "iterations")
+    coords = tf.where(as_bool)[:, 1:]                       # row-major: grouped by iteration
+    return stacked(tf.reshape(coords, tf.stack([-1, count, rank])))
+
+
+@register_converter("Unique")
+def _unique(x: ConversionInput):
+    """Per-row unique values in order of first occurrence (via a pairwise comparison)."""
+    v = x.input(0).t                                          # [n, m]
+    out_idx = x.attr("out_idx")
+    eq = tf.equal(v[:, :, None], v[:, None, :])               # [n, m, m]
+    m = tf.shape(v)[1]
+    earlier = tf.linalg.band_part(tf.ones([m, m], tf.bool), -1, 0) & ~tf.eye(m, dtype=tf.bool)
+    is_first = ~tf.reduce_any(eq & earlier[None], axis=2)    # [n, m]
+    counts = tf.reduce_sum(tf.cast(is_first, tf.int32), 1)
+    count = _assert_same_across(x, counts, "the number of unique values differs across "
+                                           "iterations")
+    y = tf.reshape(tf.boolean_mask(v, is_first), tf.stack([-1, count]))
+    slot = tf.cumsum(tf.cast(is_first, tf.int32), axis=1) - 1   # position among the uniques
+    first_equal = tf.argmax(tf.cast(eq, tf.int32), axis=2, output_type=tf.int32)
+    idx = tf.gather(slot, first_equal, batch_dims=1)
+    return [WrappedTensor(y, True), WrappedTensor(tf.cast(idx, out_idx), True)]
+
+
+@register_converter("Assert")
+def _assert(x: ConversionInput):
+    cond = tf.reduce_all(x.input(0).t)
+    data = [w.t for w in x.inputs[1:]]
+    create_op_like(x.op, [cond] + data)
+    return []
+
+# }}}
