@@ -26,7 +26,7 @@ _ASSIGN = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False), "min=": 
            "min=!": ("min=", True), "max=!": ("max=", True)}
 # binary operators by precedence level, loosest first
 _LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
-_MAX_DEPTH = 100   # deeper expressions would exhaust Python's stack in later passes
+_MAX_DEPTH = 48   # deeper expressions would exhaust Python's stack in later passes
 _KEYWORDS = ("def", "where")  # "in" is only special inside a where clause
 
 

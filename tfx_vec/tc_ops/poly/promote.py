@@ -10,8 +10,8 @@ A tensor is promoted when
 - it is only read (a TC input), so copies never need to be written back or merged;
 - its array tile exists with finite sizes, and the sizes fit the remaining shared memory budget
   (greedy, in signature order: the paper's heuristic);
-- its elements are reused inside a tile (the access relation is not injective) or its accesses
-  are not coalesced (the innermost subscript does not follow the thread-x point loop).
+- its elements are reused (the access relation is not injective).  The paper also promotes
+  uncoalesced single-use accesses; that test is not implemented here.
 Data-dependent subscripts are over-approximated by the whole dimension (``poly/kernel.py``), so an
 indirectly accessed array is promoted whole along those dimensions when it fits; the index
 expression is then evaluated against the copy (offset 0), which is exact.
@@ -119,31 +119,8 @@ def promote_shared(kernel: PolyKernel, node: isl.ScheduleNode, threads_x: int,
         promo = Promotion(p.name, p.dtype, box[0], box[1])
         if used + promo.nbytes > budget:
             continue
-        if acc.is_injective() and _coalesced(kernel, node, acc, threads_x):
-            continue  # each element read once, already coalesced: a copy would only cost
+        if acc.is_injective():
+            continue  # each element read once per tile: a copy would only cost
         chosen.append(promo)
         used += promo.nbytes
     return chosen
-
-
-def _coalesced(kernel: PolyKernel, node: isl.ScheduleNode, acc: isl.UnionMap,
-               threads_x: int) -> bool:
-    """Whether consecutive x threads read consecutive elements (innermost subscript +1)."""
-    if threads_x <= 1 or node.get_type() != isl.schedule_node_type.filter:
-        return True
-    point = node.child(0)
-    if point.get_type() != isl.schedule_node_type.band:
-        return True
-    # x is the innermost mapped point member: n_threads - 1 of the band
-    sched = isl.UnionMap.from_multi_union_pw_aff(point.band_get_partial_schedule())
-    m = _single_map(sched.reverse().apply_range(acc))
-    if m is None:
-        return False
-    n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
-    if n_out == 0:
-        return True
-    delta = m.apply_domain(isl.Map(f"{{ [{', '.join(f'i{k}' for k in range(n_in))}] -> "
-                                   f"[{', '.join(f'i{k}' for k in range(n_in))}] }}",
-                                   context=kernel.ctx))
-    del delta
-    return False
