@@ -187,6 +187,11 @@ class _Source:
         except (OSError, TypeError) as e:
             raise UnsupportedSyntaxError(
                 f"cannot read the source of {getattr(fn, '__qualname__', fn)!r}: {e}") from e
+        if "__autograph_generated" in self.filename:
+            raise UnsupportedSyntaxError(
+                f"{fn.__qualname__} was rewritten by AutoGraph before ab.function saw it (it is "
+                "defined inside code that a tf.function converts); decorate the enclosing "
+                "factory with @tf.autograph.experimental.do_not_convert")
         tree = gast.parse(textwrap.dedent("".join(lines)))
         defs = [n for n in tree.body if isinstance(n, gast.FunctionDef)]
         if not defs:

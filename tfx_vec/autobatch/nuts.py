@@ -314,6 +314,7 @@ def _next_seed(seed):
 # {{{ the single-chain program
 
 
+@tf.autograph.experimental.do_not_convert  # the autobatch front end must see our source
 def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unrolled: int,
                   wrap: Callable[[Callable], Callable]) -> Callable:
     """The NUTS program for one chain; ``wrap`` batches each function (or is the identity).
@@ -533,6 +534,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                                 self.unrolled_leapfrog_steps, wrap)
         return self._programs[key]
 
+    @tf.autograph.experimental.do_not_convert
     def _run(self, spec: _StateSpec, args: tuple) -> tuple:
         if self.runtime == "python":
             if not tf.executing_eagerly():
