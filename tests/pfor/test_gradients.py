@@ -1,0 +1,131 @@
+"""Jacobians, hessians and per-example gradients against TensorFlow's while-loop jacobian,
+central finite differences (float64) and loops of ``tape.gradient``."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfx_vec.pfor.gradients as G
+from tests.support import random_array
+
+RNG = np.random.default_rng(21)
+W = tf.constant(random_array(RNG, [3, 4], np.float64, -1, 1))
+X0 = tf.constant(random_array(RNG, [2, 3], np.float64, -1, 1))
+
+
+def f(x):
+    """[2, 3] -> [2, 4], non-linear, with a reduction across rows."""
+    h = tf.tanh(tf.matmul(x, W))
+    return h * tf.reduce_sum(x * x) + tf.sin(h)
+
+
+def rnn(x):
+    """A dynamic-length RNN: a tf.while_loop over the rows of x ([T, 3] -> [4])."""
+    def body(t, h):
+        return t + 1, tf.tanh(tf.linalg.matvec(W, tf.gather(x, t), transpose_a=True) + h)
+    _, h = tf.while_loop(lambda t, h: t < tf.shape(x)[0], body,
+                         (tf.constant(0), tf.zeros([4], tf.float64)))
+    return h
+
+
+def finite_differences(fn, x, eps=1e-6):
+    """Central differences: [*y.shape, *x.shape]."""
+    x = np.asarray(x, np.float64)
+    cols = []
+    for k in range(x.size):
+        e = np.zeros(x.size)
+        e[k] = eps
+        e = e.reshape(x.shape)
+        cols.append((np.asarray(fn(tf.constant(x + e))) - np.asarray(fn(tf.constant(x - e))))
+                    / (2 * eps))
+    jac = np.stack(cols, axis=-1)
+    return jac.reshape(jac.shape[:-1] + x.shape)
+
+
+def tf_loop_jacobian(fn, x):
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.jacobian(y, x, experimental_use_pfor=False).numpy()
+
+
+@pytest.mark.parametrize("fn,x", [(f, X0), (rnn, X0)], ids=["dense", "while_loop_rnn"])
+def test_reverse_jacobian_of_function(fn, x):
+    jac = G.jacobian(fn, x, fallback_to_while_loop=False).numpy()
+    assert jac.shape == tuple(fn(x).shape) + tuple(x.shape)
+    np.testing.assert_allclose(jac, finite_differences(fn, x), rtol=1e-6, atol=1e-7)
+    if fn is f:  # TF cannot take the while-loop jacobian of a while loop more than once
+        np.testing.assert_allclose(jac, tf_loop_jacobian(fn, x), rtol=1e-10, atol=1e-12)
+
+
+def test_jacobian_with_tape_and_several_sources_and_while_loop_variant():
+    w = tf.Variable(W)
+    x = tf.Variable(X0)
+    with tf.GradientTape(persistent=True) as tape:
+        y = tf.tanh(tf.matmul(x, w)) * 3.0
+    ours = G.jacobian(y, {"x": x, "w": w}, tape=tape)
+    ref = tape.jacobian(y, {"x": x, "w": w}, experimental_use_pfor=False)
+    loop = G.jacobian(y, {"x": x, "w": w}, tape=tape, use_pfor=False)
+    for k in ("x", "w"):
+        np.testing.assert_allclose(ours[k].numpy(), ref[k].numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(loop[k].numpy(), ref[k].numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_jacobian_in_graph_mode_with_tf_gradients():
+    @tf.function
+    def run(x):
+        return G.jacobian(f(x), x)
+    np.testing.assert_allclose(run(X0).numpy(), tf_loop_jacobian(f, X0), rtol=1e-10, atol=1e-12)
+
+
+def test_forward_mode_matches_reverse_mode():
+    fwd = G.jacobian(f, X0, mode="forward").numpy()
+    np.testing.assert_allclose(fwd, tf_loop_jacobian(f, X0), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="mode"):
+        G.jacobian(f, X0, mode="sideways")
+
+
+def test_batch_jacobian():
+    x = tf.constant(random_array(RNG, [5, 3], np.float64, -1, 1))
+    g = lambda x: tf.sin(tf.matmul(x, W)) * tf.reduce_sum(x, axis=1, keepdims=True)  # noqa
+    ours = G.batch_jacobian(g, x).numpy()
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = g(x)
+    ref = tape.batch_jacobian(y, x, experimental_use_pfor=False).numpy()
+    assert ours.shape == (5, 4, 3)
+    np.testing.assert_allclose(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_hessian_of_non_scalar_output():
+    x = tf.constant(random_array(RNG, [3], np.float64, -1, 1))
+    g = lambda v: tf.tanh(tf.linalg.matvec(W, v, transpose_a=True)) * tf.reduce_sum(v ** 3)  # noqa
+    hess = G.hessian(g, x).numpy()
+    assert hess.shape == (4, 3, 3)
+    fd = finite_differences(lambda v: G.jacobian(g, v, use_pfor=False), x, eps=1e-5)
+    np.testing.assert_allclose(hess, fd, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(hess, np.swapaxes(hess, 1, 2), rtol=1e-10, atol=1e-12)
+
+
+def test_per_example_gradients_match_a_loop_of_tape_gradient():
+    k1 = tf.Variable(random_array(RNG, [3, 3, 1, 2], np.float32, -0.5, 0.5))
+    w2 = tf.Variable(random_array(RNG, [2, 3], np.float32, -0.5, 0.5))
+    b2 = tf.Variable(random_array(RNG, [3], np.float32, -0.5, 0.5))
+    images = tf.constant(random_array(RNG, [6, 5, 5, 1], np.float32))
+    labels = tf.constant(RNG.integers(0, 3, size=[6]).astype(np.int32))
+    variables = [k1, w2, b2]
+
+    def loss_fn(example):
+        image, label = example
+        h = tf.nn.relu(tf.nn.conv2d(image[None], k1, 1, "SAME"))
+        logits = tf.matmul(tf.reduce_mean(h, axis=[1, 2]), w2) + b2
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(label[None], logits)[0]
+
+    ours = G.per_example_gradients(loss_fn, variables, (images, labels))
+    for i in range(6):
+        with tf.GradientTape() as tape:
+            loss = loss_fn((images[i], labels[i]))
+        for got, ref in zip(ours, tape.gradient(loss, variables)):
+            np.testing.assert_allclose(got[i].numpy(), ref.numpy(), rtol=1e-4, atol=1e-6)
+    loop = G.per_example_gradients(loss_fn, variables, (images, labels), use_pfor=False)
+    for a, b in zip(ours, loop):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
