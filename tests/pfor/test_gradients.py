@@ -88,7 +88,7 @@ def test_batch_jacobian():
     x = tf.constant(random_array(RNG, [5, 3], np.float64, -1, 1))
     g = lambda x: tf.sin(tf.matmul(x, W)) * tf.reduce_sum(x, axis=1, keepdims=True)  # noqa
     ours = G.batch_jacobian(g, x).numpy()
-    with tf.GradientTape() as tape:
+    with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         y = g(x)
     ref = tape.batch_jacobian(y, x, experimental_use_pfor=False).numpy()
