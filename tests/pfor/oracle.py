@@ -41,19 +41,21 @@ def reference(loop_fn: Callable, iters: int) -> Any:
 
 
 def _run(mode: str, loop_fn: Callable, iters: int, **kw) -> Any:
+    kw = dict(kw)
+    fallback = kw.pop("fallback_to_while_loop", False)
+    kw["fallback_to_while_loop"] = fallback
     if mode == "eager":
-        return tfx_vec.pfor(loop_fn, iters, fallback_to_while_loop=False, **kw)
+        return tfx_vec.pfor(loop_fn, iters, **kw)
     if mode == "function":
-        return tf.function(lambda: tfx_vec.pfor(loop_fn, iters, fallback_to_while_loop=False,
-                                                **kw))()
+        return tf.function(lambda: tfx_vec.pfor(loop_fn, iters, **kw))()
     if mode == "dynamic":
-        fn = tf.function(lambda n: tfx_vec.pfor(loop_fn, n, fallback_to_while_loop=False, **kw))
+        fn = tf.function(lambda n: tfx_vec.pfor(loop_fn, n, **kw))
         return fn(tf.constant(iters, tf.int32))
     if mode == "one":
-        return tfx_vec.pfor(loop_fn, 1, fallback_to_while_loop=False, **kw)
+        return tfx_vec.pfor(loop_fn, 1, **kw)
     if mode == "chunked":
         return tfx_vec.vectorized_map(loop_fn, tf.range(iters), chunk_size=2,
-                                      fallback_to_while_loop=False, **kw)
+                                      **kw)
     raise ValueError(f"unknown mode {mode!r}")
 
 

@@ -201,7 +201,7 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
     n_static = tf.get_static_value(loop_len)
 
     def run(start, size):
-        sliced = [WrappedTensor(w.t[start:start + size], True) if w.is_stacked else w
+        sliced = [WrappedTensor(_rows(w.t, start, size), True) if w.is_stacked else w
                   for w in bound]
         outs = _convert(traced, sliced, size, options)
         return [w.t if w.is_stacked else tile_to_stacked(w.t, size) for w in outs]
@@ -230,6 +230,16 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
             pieces.append(run(num_full * chunk, rem))
         flat = [tf.concat(p, 0) if len(p) > 1 else p[0] for p in zip(*pieces)]
     return [WrappedTensor(t, True) for t in flat]
+
+def _rows(t: tf.Tensor, start, size) -> tf.Tensor:
+    """``t[start:start+size]`` with a static leading dimension when ``size`` is an int."""
+    rows = t[start:start + size]
+    if isinstance(size, int) and rows.shape.rank is not None:
+        rows.set_shape([size] + rows.shape.as_list()[1:])
+    return rows
+
+# }}}
+
 
 # {{{ eager caching
 

@@ -383,8 +383,11 @@ def _matrix_diag_v2(x: ConversionInput):
 def _matrix_set_diag(x: ConversionInput):
     if not _invariant(x, *range(2, len(x.inputs))):
         return None
-    return reemit_stacked(x, [x.stacked_input(0), x.stacked_input(1)] +
-                          [w.t for w in x.inputs[2:]])
+    values = [x.stacked_input(0), x.stacked_input(1)]
+    if len(x.inputs) > 2 and x.input(2).t.shape.rank != 0 and any(
+            v.shape.rank is None or v.shape[0] is None for v in values):
+        return None  # TF's shape function rejects a band of diagonals with an unknown batch
+    return reemit_stacked(x, values + [w.t for w in x.inputs[2:]])
 
 
 @register_converter("InvertPermutation")

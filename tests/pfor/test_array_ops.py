@@ -1,0 +1,134 @@
+"""Array converters against the per-iteration oracle: one record table per family."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfx_vec
+from tests.pfor.oracle import check_op, check_pfor
+from tests.support import random_array
+
+R = np.random.default_rng(11)
+F32 = np.float32
+
+
+def a(*shape, dtype=F32, low=-2.0, high=2.0):
+    return random_array(R, shape, dtype, low, high)
+
+
+ONE_INPUT = [
+    ("Reshape", lambda x: tf.reshape(x, [3, -1]), a(2, 3, 2)),
+    ("ExpandDims", lambda x: tf.expand_dims(x, 1) + tf.expand_dims(x, -1), a(2, 3)),
+    ("Squeeze", lambda x: tf.squeeze(x, [0, -1]), a(1, 3, 1)),
+    ("Squeeze-all", tf.squeeze, a(1, 3, 1)),
+    ("Transpose", lambda x: tf.transpose(x, [2, 0, 1]), a(2, 3, 4)),
+    ("Transpose-default", tf.transpose, a(2, 3)),
+    ("ConjugateTranspose", lambda x: tf.math.real(tf.transpose(tf.complex(x, x), conjugate=True)),
+     a(2, 3)),
+    ("Unpack", lambda x: tf.unstack(x, axis=1), a(2, 3)),
+    ("Unpack-neg", lambda x: tf.unstack(x, axis=-1), a(2, 3)),
+    ("Split", lambda x: tf.split(x, 2, axis=1), a(3, 4)),
+    ("SplitV", lambda x: tf.split(x, [1, 3], axis=-1), a(3, 4)),
+    ("Slice", lambda x: tf.slice(x, [1, 0], [2, -1]), a(3, 4)),
+    ("StridedSlice", lambda x: x[1:, ::-2], a(3, 4)),
+    ("StridedSlice-shrink-newaxis", lambda x: x[1, tf.newaxis, 1:3], a(3, 4)),
+    ("StridedSlice-ellipsis", lambda x: x[..., 0, ::2], a(2, 3, 4)),
+    ("StridedSlice-neg", lambda x: x[-1, :-1], a(3, 4)),
+    ("Tile", lambda x: tf.tile(x, [2, 3]), a(2, 2)),
+    ("Pad", lambda x: tf.pad(x, [[1, 0], [0, 2]]), a(2, 3)),
+    ("PadV2", lambda x: tf.pad(x, [[1, 0], [0, 2]], constant_values=3.0), a(2, 3)),
+    ("MirrorPad", lambda x: tf.pad(x, [[1, 1], [0, 2]], mode="REFLECT"), a(3, 3)),
+    ("Shape/Size/Rank", lambda x: tf.cast(x, tf.int32)[0, 0] + tf.shape(x)[1] + tf.size(x)
+     + tf.rank(x), a(2, 3)),
+    ("ShapeN", lambda x: tf.shape_n([x, x[0]])[1], a(2, 3)),
+    ("BroadcastTo", lambda x: tf.broadcast_to(x, [2, 4, 3]), a(4, 1)),
+    ("ReverseV2", lambda x: tf.reverse(x, [0, -1]), a(2, 3)),
+    ("Reverse-v1", lambda x: tf.raw_ops.Reverse(tensor=x, dims=[True, False]), a(2, 3)),
+    ("Roll", lambda x: tf.roll(x, [1, -1], [0, 1]), a(3, 4)),
+    ("OneHot", lambda x: tf.one_hot(x, 4, axis=0), a(3, dtype=np.int32, low=0, high=2)),
+    ("OneHot-last", lambda x: tf.one_hot(x, 4, 2.0, -1.0), a(3, dtype=np.int32, low=0, high=2)),
+    ("MatrixBandPart", lambda x: tf.linalg.band_part(x, 1, 0), a(2, 3, 3)),
+    ("MatrixDiag", lambda x: tf.raw_ops.MatrixDiag(diagonal=x), a(2, 3)),
+    ("MatrixDiagV3", lambda x: tf.linalg.diag(x, k=(-1, 0), num_rows=4, num_cols=3), a(2, 3)),
+    ("MatrixDiagPart", lambda x: tf.raw_ops.MatrixDiagPart(input=x) + tf.linalg.diag_part(x),
+     a(3, 3)),
+    ("MatrixDiagPartV3", lambda x: tf.linalg.diag_part(x, k=(-1, 1)), a(3, 4)),
+    ("IdentityN", lambda x: tf.identity_n([x, 2 * x]), a(3)),
+    ("EnsureShape", lambda x: tf.ensure_shape(x, [2, None]), a(2, 3)),
+    ("PlaceholderWithDefault", lambda x: tf.raw_ops.PlaceholderWithDefault(input=x, shape=[2, 3]),
+     a(2, 3)),
+    ("InvertPermutation", lambda x: tf.math.invert_permutation(tf.argsort(x)), a(5)),
+    ("Where-equal-counts", lambda x: tf.where(tf.argsort(x) < 2), a(4)),
+    ("Unique-equal-counts", lambda x: tf.unique(tf.gather(tf.argsort(x), [0, 1, 0, 2, 1]))[0:2],
+     a(4)),
+    ("Fill", lambda x: tf.fill([2, 3], x[0]), a(2)),
+    ("Range", lambda x: tf.range(x[0], x[0] + 4), a(2, dtype=np.int32)),
+    ("Range-float", lambda x: tf.range(x[0], x[0] + 2.0, 0.5), a(2)),
+    ("LinSpace", lambda x: tf.linspace(x[0], x[1], 5), a(2)),
+    ("Assert", lambda x: tf.identity(x) if tf.debugging.assert_less(x, 100.0) is None else x, a(2)),
+]
+
+
+@pytest.mark.parametrize("name,fn,x", ONE_INPUT, ids=[r[0] for r in ONE_INPUT])
+def test_one_input(name, fn, x):
+    check_op(fn, [x], rtol=1e-5, atol=1e-6)
+
+
+IDX = np.array([2, 0, 1, 2], np.int32)
+TWO_INPUTS = [
+    ("ConcatV2", lambda x, y: tf.concat([x, y, x], axis=1), a(2, 3), a(2, 1)),
+    ("ConcatV2-neg", lambda x, y: tf.concat([x, y], axis=-2), a(2, 3), a(1, 3)),
+    ("Pack", lambda x, y: tf.stack([x, y], axis=1), a(2, 3), a(2, 3)),
+    ("Pack-neg", lambda x, y: tf.stack([x, y, x], axis=-1), a(3), a(3)),
+    ("GatherV2", lambda p, i: tf.gather(p, i), a(3, 2), IDX),
+    ("GatherV2-axis", lambda p, i: tf.gather(p, i, axis=1), a(2, 3, 2), IDX),
+    ("GatherV2-neg-axis", lambda p, i: tf.gather(p, i, axis=-1), a(2, 3), IDX),
+    ("GatherV2-batch-dims", lambda p, i: tf.gather(p, i, axis=1, batch_dims=1), a(2, 3, 2),
+     np.array([[0, 2], [1, 1]], np.int32)),
+    ("Gather-v1", lambda p, i: tf.raw_ops.Gather(params=p, indices=i), a(3, 2), IDX),
+    ("GatherNd", lambda p, i: tf.gather_nd(p, i), a(2, 2, 2),
+     np.array([[0, 1], [1, 0], [1, 1]], np.int32)),
+    ("MatrixSetDiag", lambda x, d: tf.linalg.set_diag(x, d), a(3, 3), a(3)),
+    ("MatrixSetDiagV3-k", lambda x, d: tf.linalg.set_diag(x, d, k=1), a(3, 3), a(2)),
+    ("BroadcastArgs", lambda x, y: tf.raw_ops.BroadcastArgs(s0=tf.shape(x) * 0 + tf.abs(y[:2]) + 1,
+                                                            s1=tf.constant([1, 1])),
+     a(2), a(3, dtype=np.int32)),
+]
+
+
+@pytest.mark.parametrize("name,fn,x,y", TWO_INPUTS, ids=[r[0] for r in TWO_INPUTS])
+def test_two_inputs(name, fn, x, y):
+    check_op(fn, [x, y], rtol=1e-5, atol=1e-6)
+
+
+def test_matrix_set_diag_band_of_diagonals():
+    check_op(lambda x, d: tf.linalg.set_diag(x, d, k=(0, 1)), [a(3, 3), a(2, 3)],
+             modes=("eager", "function", "one"))
+
+
+def test_index_dependent_shapes_and_slices():
+    """Slices and shapes computed from the loop index (stacked begin) fall back correctly."""
+    x = tf.constant(a(6, 3))
+    check_pfor(lambda i: x[i:i + 2], 4, modes=("eager",), fallback_to_while_loop=True)
+
+
+def test_where_ragged_is_a_clear_error():
+    x = tf.constant(np.array([[1, 0, 1], [1, 1, 1]], np.float32))
+    with pytest.raises(tfx_vec.VectorizationError, match=r"Where.*test_array_ops.py:\d+.*ragged"):
+        tfx_vec.pfor(lambda i: tf.where(tf.gather(x, i) > 0), 2, fallback_to_while_loop=False)
+
+
+def test_boolean_mask_ragged_is_a_clear_error():
+    x = tf.constant(np.array([[1, -1, 1], [1, 1, 1]], np.float32))
+    with pytest.raises(tfx_vec.VectorizationError, match="ragged"):
+        tfx_vec.pfor(lambda i: tf.boolean_mask(tf.gather(x, i), tf.gather(x, i) > 0), 2)
+
+
+def test_unique_ragged_is_a_clear_error():
+    x = tf.constant(np.array([[1, 1, 2], [1, 2, 3]], np.int32))
+    with pytest.raises(tfx_vec.VectorizationError, match="Unique.*differs across"):
+        tfx_vec.pfor(lambda i: tf.unique(tf.gather(x, i))[0], 2, fallback_to_while_loop=False)
+
+
+def test_range_ragged_is_a_clear_error():
+    with pytest.raises(tfx_vec.VectorizationError, match="Range"):
+        tfx_vec.pfor(lambda i: tf.range(i), 3, fallback_to_while_loop=False)
