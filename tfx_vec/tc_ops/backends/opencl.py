@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import TcBackendError, TcCompileError
 
-__all__ = ["Launch", "OpenCLRuntime", "available", "device_name"]
+__all__ = ["Launch", "OpenCLRuntime", "available", "device_name", "launches_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,17 @@ class Launch:
     kernel: str
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
+
+
+def launches_for(mapping) -> list[Launch]:
+    """The launches of a :class:`~..poly.mapping.GpuMapping`, grid and block padded to one rank."""
+    out = []
+    for gk in mapping.kernels:
+        n = max(len(gk.grid), len(gk.block))
+        grid = tuple(gk.grid) + (1,) * (n - len(gk.grid))
+        block = tuple(gk.block) + (1,) * (n - len(gk.block))
+        out.append(Launch(gk.name, tuple(g * b for g, b in zip(grid, block)), block))
+    return out
 
 
 def _preload_icd_drivers() -> None:

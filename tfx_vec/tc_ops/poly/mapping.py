@@ -15,9 +15,10 @@ becomes kernels launched in order).  Inside each kernel, following PPCG/TC:
    a kernel whose outer member carries a dependence runs as one thread (every instance is executed
    by exactly one thread, so a reduction never races);
 3. with ``use_shared_memory``, ``poly/promote.py`` picks read-only arrays whose tile footprint has
-   a fixed-size box, reuse or uncoalesced accesses and fits the shared memory; a mark above the
-   thread filter tells the printer where to copy them in (all threads, then a barrier) and where
-   the tile's computation ends (a barrier before the next copy).
+   a fixed-size box and reuse and that fit the shared memory.  Such a kernel's tile loops become
+   explicit (``GpuKernel.tile_loops``): the schedule is restricted to one tile whose coordinates
+   are parameters ``_T0, _T1, ...``, and per tile the printer copies the array tiles in (all
+   threads), places a barrier, runs the tile's instances, and a barrier before the next copy.
 
 The printers (``codegen/opencl.py``, ``codegen/cuda.py``) turn each kernel's schedule into code.
 
@@ -33,7 +34,7 @@ Example:
     >>> m = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(8, 4),
     ...                                  map_to_blocks=(2, 2)))
     >>> [(g.grid, g.block) for g in m.kernels]
-    [((2, 2), (4, 8))]
+    [((2, 2), (8, 4))]
 """
 from __future__ import annotations
 
@@ -47,11 +48,20 @@ from .promote import Promotion, promote_shared
 from .tile import tile_band
 
 __all__ = ["GpuKernel", "GpuMapping", "map_to_gpu", "schedule_for", "BLOCK_IDS", "THREAD_IDS",
-           "SHARED_MARK"]
+           "TileLoop"]
 
 BLOCK_IDS = ("_b0", "_b1", "_b2")      # x, y, z: blockIdx / get_group_id
 THREAD_IDS = ("_t0", "_t1", "_t2")     # x, y, z: threadIdx / get_local_id
-SHARED_MARK = "shared"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileLoop:
+    """An explicit tile loop: ``param`` over [0, extent), from ``start`` by ``step``."""
+
+    param: str
+    extent: int
+    start: str        # "0" or a block id
+    step: int
 
 
 @dataclasses.dataclass
@@ -62,14 +72,17 @@ class GpuKernel:
     schedule: isl.Schedule
     grid: tuple[int, ...]
     block: tuple[int, ...]
-    promotions: dict[str, list[Promotion]] = dataclasses.field(default_factory=dict)
+    promotions: list[Promotion] = dataclasses.field(default_factory=list)
+    tile_loops: list[TileLoop] = dataclasses.field(default_factory=list)
 
     @property
     def context(self) -> str:
         """isl text of the parameter context (0 <= id < size for every mapped id)."""
         ids = [f"0 <= {n} < {s}" for n, s in zip(BLOCK_IDS, self.grid)]
         ids += [f"0 <= {n} < {s}" for n, s in zip(THREAD_IDS, self.block)]
+        ids += [f"0 <= {t.param} < {t.extent}" for t in self.tile_loops]
         names = list(BLOCK_IDS[:len(self.grid)]) + list(THREAD_IDS[:len(self.block)])
+        names += [t.param for t in self.tile_loops]
         return f"[{', '.join(names)}] -> {{ : {' and '.join(ids) or 'true'} }}"
 
 
@@ -115,13 +128,14 @@ def _coincident_prefix(node: isl.ScheduleNode) -> int:
 
 def _residue_filter(node: isl.ScheduleNode, members: list[int], ids: list[str],
                     sizes: list[int]) -> isl.UnionSet:
-    """Instances whose band member ``members[j]`` is ``ids[j]`` modulo ``sizes[j]``."""
+    """Instances whose band member ``members[j]`` is ``ids[j]`` modulo ``sizes[j]`` (equal to it
+    when the size is 0)."""
     mupa = node.band_get_partial_schedule()
     umap = isl.UnionMap.from_multi_union_pw_aff(mupa)
     n = node.band_n_member()
     outs = [f"s{i}" for i in range(n)]
-    cons = [f"exists (e{j} : s{m} = {ids[j]} + {sizes[j]} * e{j})"
-            for j, m in enumerate(members)]
+    cons = [f"exists (e{j} : s{m} = {ids[j]} + {sizes[j]} * e{j})" if sizes[j]
+            else f"s{m} = {ids[j]}" for j, m in enumerate(members)]
     params = ", ".join(ids)
     text = f"[{params}] -> {{ [{', '.join(outs)}] : {' and '.join(cons) or 'true'} }}"
     rng = isl.Set.read_from_str(node.get_ctx(), text)
@@ -163,18 +177,25 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
     b_ids = [BLOCK_IDS[n_blocks - 1 - j] for j in range(n_blocks)]
     b_filter = _residue_filter(tile_node, list(range(n_blocks)), b_ids,
                                [grid[n_blocks - 1 - j] for j in range(n_blocks)])
+    extents = [_extent(tile_node, j, domain) for j in range(k)]
+    t_params = [f"_T{j}" for j in range(k)]
+    tile_domain = _residue_filter(tile_node, list(range(k)), t_params, [0] * k)
     # insert bottom-up so the positions above stay valid
     point = point.insert_filter(t_filter)
-    promotions: dict[str, list[Promotion]] = {}
+    tile_node = point.parent().insert_filter(b_filter)
+    gk = GpuKernel(name, tile_node.get_schedule(), tuple(grid), tuple(block))
     if options.use_shared_memory:
-        mark = f"{SHARED_MARK}{index}"
-        chosen = promote_shared(kernel, point, block[0] if block else 1, shared_budget)
+        ctx_set = isl.Set.read_from_str(kernel.ctx, f"[{', '.join(t_params)}] -> {{ : " + (
+            " and ".join(f"0 <= {p} < {e}" for p, e in zip(t_params, extents))) + " }")
+        chosen = promote_shared(kernel, tile_domain, ctx_set, shared_budget)
         if chosen:
-            point = point.insert_mark(isl.Id(mark, context=kernel.ctx))
-            promotions[mark] = chosen
-    tile_node = point.parent()
-    tile_node = tile_node.insert_filter(b_filter)
-    return GpuKernel(name, tile_node.get_schedule(), tuple(grid), tuple(block), promotions)
+            gk.promotions = chosen
+            gk.schedule = gk.schedule.intersect_domain(tile_domain)
+            member_block = {j: (BLOCK_IDS[n_blocks - 1 - j], grid[n_blocks - 1 - j])
+                            for j in range(n_blocks)}
+            gk.tile_loops = [TileLoop(t_params[j], extents[j], *member_block.get(j, ("0", 1)))
+                             for j in range(k)]
+    return gk
 
 
 def map_to_gpu(kernel: PolyKernel, options: MappingOptions,

@@ -9,7 +9,7 @@ block/thread residue filters of ``poly/mapping.py`` are written against.
 Example:
     >>> import islpy as isl
     >>> ctx = isl.Context()
-    >>> ctx.set_tile_scale_tile_loops(0); ctx.set_tile_shift_point_loops(1)
+    >>> _ = ctx.set_tile_scale_tile_loops(0), ctx.set_tile_shift_point_loops(1)
     >>> s = isl.Schedule.from_domain(isl.UnionSet("{ S[i, j] : 0 <= i < 10 and 0 <= j < 7 }"))
     >>> s = s.insert_partial_schedule(isl.MultiUnionPwAff("[{ S[i, j] -> [(i)] }, "
     ...                                                   "{ S[i, j] -> [(j)] }]"))

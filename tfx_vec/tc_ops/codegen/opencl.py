@@ -1,0 +1,260 @@
+"""GPU printers: the mapped isl AST as OpenCL C (this module) and CUDA (``codegen/cuda.py``).
+
+Both are dialects of T1's :class:`~.c.CPrinter` (STYLE.md §10): they override class attributes
+(address-space qualifiers, barrier, block/thread id spellings, unroll pragma, prelude) and a few
+``emit_*`` methods.  :class:`GpuPrinter` holds what the GPU dialects share:
+
+- one kernel function per :class:`~..poly.mapping.GpuKernel` (launched in order), each taking every
+  buffer (inputs, scalars as one-element buffers, outputs, temporaries) so launches share them;
+- the block/thread ids bound to the parameters the mapping's filters use (``_b0``, ``_t0``, ...);
+- for a kernel with promoted arrays, explicit tile loops (block-strided where mapped) around a
+  cooperative copy of each array tile into shared memory by all threads of the block, a barrier,
+  the tile's instances reading the copy, and a barrier before the next tile's copy;
+- the isl AST is generated with the ids' ranges as context, so loops over blocks/threads come out
+  strided and guards disappear where the launch sizes make them redundant.
+
+Example:
+    >>> from tfx_vec.tc_ops.lang import parse
+    >>> from tfx_vec.tc_ops.lang.sema import check
+    >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+    >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+    >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+    >>> from tfx_vec.tc_ops.options import MappingOptions
+    >>> d = check(parse("def scale(float(N) A) -> (B) { B(i) = 2 * A(i) }").defs[0])
+    >>> k = build_kernel(d, infer_ranges(d, {"A": (64,)}))
+    >>> src = OpenCLPrinter(map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))).source()
+    >>> "__kernel void tc_scale_k0(" in src and "get_local_id(0)" in src
+    True
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from ..lang import ast as A
+from ..poly.kernel import build_ast  # noqa: F401  (the CPU path; GPU builds its own below)
+from ..poly.mapping import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuMapping
+from ..poly.promote import Promotion
+from .c import CPrinter, c_name
+
+__all__ = ["GpuPrinter", "OpenCLPrinter"]
+
+
+class GpuPrinter(CPrinter):
+    """Shared machinery of the GPU dialects (abstract: subclasses fill the attributes)."""
+
+    kernel_prefix = ""
+    global_space = ""            # address-space qualifier of kernel buffers
+    shared_space = ""            # ... of promoted copies
+    barrier = ""
+    block_id = ""                # format with d = 0, 1, 2
+    thread_id = ""
+    pragma_parallel = ""
+    pragma_simd = ""
+
+    def __init__(self, mapping: GpuMapping):
+        super().__init__(mapping.kernel, mapping.options)
+        self.mapping = mapping
+        self._gk: GpuKernel | None = None
+        self._active: dict[str, tuple[Promotion, str]] = {}
+        self._shared_decls: list[str] = []
+
+    # -- whole program -------------------------------------------------------------------
+    def source(self) -> str:
+        parts = [self.emit_header(), self.prelude]
+        for gk in self.mapping.kernels:
+            parts.append(self.kernel_function(gk))
+        return "\n".join(parts)
+
+    def buffers(self) -> list[tuple[str, str, bool]]:
+        """(name, dtype, read-only) of every kernel argument, in ABI order + temporaries."""
+        out = [(p.name, p.dtype, True) for p in self.cdef.inputs]
+        out += [(n, self.cdef.tensors[n].dtype, False) for n in self.cdef.outputs]
+        out += [(n, self.cdef.tensors[n].dtype, False) for n in self.cdef.temps]
+        return out
+
+    def kernel_function(self, gk: GpuKernel) -> str:
+        self._gk, self._shared_decls = gk, []
+        body = self.emit_body(gk)
+        params = ", ".join(
+            f"{self.global_space}{'const ' if ro else ''}{self.ctype(t)} *{self.restrict} _arg{i}"
+            for i, (_, t, ro) in enumerate(self.buffers()))
+        lines = [f"{self.kernel_prefix} void {gk.name}({params}) {{"]
+        lines += self.emit_ids(gk)
+        lines += self.emit_unpack()
+        lines += [f"  {d}" for d in self._shared_decls]
+        lines += body
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def emit_ids(self, gk: GpuKernel) -> list[str]:
+        out = [f"  const int {BLOCK_IDS[d]} = {self.block_id.format(d=d)};"
+               for d in range(len(gk.grid))]
+        out += [f"  const int {THREAD_IDS[d]} = {self.thread_id.format(d=d)};"
+                for d in range(len(gk.block))]
+        lin, stride = "0", 1
+        for d in range(len(gk.block)):
+            lin = f"{lin} + {stride} * {THREAD_IDS[d]}"
+            stride *= gk.block[d]
+        out.append(f"  const int _tlin = {lin}; (void)_tlin;")
+        return out
+
+    def new_build(self, gk: GpuKernel) -> isl.AstBuild:
+        ctx = self.k.ctx
+        build = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, gk.context))
+        its = isl.IdList.alloc(ctx, 0)
+        for i in range(64):
+            its = its.add(isl.Id(f"_c{i}", context=ctx))
+        return build.set_iterators(its)
+
+    def emit_body(self, gk: GpuKernel) -> list[str]:
+        ast = self.new_build(gk).node_from_schedule(gk.schedule)
+        if not gk.tile_loops:
+            return self.emit_node(ast, 1)
+        # explicit tile loops around: copy in, barrier, the tile's instances, barrier
+        out, ind = [], 1
+        for t in gk.tile_loops:
+            pad = "  " * ind
+            out.append(f"{pad}for (int {t.param} = {t.start}; {t.param} < {t.extent}; "
+                       f"{t.param} += {t.step}) {{")
+            ind += 1
+        out += self.emit_promoted(gk, ast, ind)
+        for _ in gk.tile_loops:
+            ind -= 1
+            out.append("  " * ind + "}")
+        return out
+
+    # -- buffers -------------------------------------------------------------------------
+    def array_decl(self, name: str, dtype: str, shape: tuple, const: bool) -> str:
+        return self.global_space + super().array_decl(name, dtype, shape, const)
+
+    def array_cast(self, dtype: str, shape: tuple, const: bool) -> str:
+        c = super().array_cast(dtype, shape, const)
+        return "(" + self.global_space + c[1:]
+
+    def emit_unpack(self) -> list[str]:
+        out = []
+        for i, (name, t, ro) in enumerate(self.buffers()):
+            if _is_scalar_param(self.cdef, name):
+                out.append(f"  const {self.ctype(t)} {c_name(name)} = _arg{i}[0];")
+                continue
+            sh = self.shapes[name]
+            out.append(f"  {self.array_decl(name, t, sh, ro)} = "
+                       f"{self.array_cast(t, sh, ro)}_arg{i};")
+        return out
+
+    def emit_temps_alloc(self) -> list[str]:
+        return []
+
+    def emit_temps_free(self) -> list[str]:
+        return []
+
+    # -- shared-memory promotion ------------------------------------------------------
+    def emit_promoted(self, gk: GpuKernel, body: isl.AstNode, ind: int) -> list[str]:
+        pad = "  " * ind
+        nthreads = 1
+        for b in gk.block:
+            nthreads *= b
+        build = self.new_build(gk)
+        out = []
+        for p in gk.promotions:
+            sh = f"_sh_{c_name(p.tensor)}"
+            self._shared_decls.append(
+                f"{self.shared_space}{self.ctype(p.dtype)} {sh}{''.join(f'[{s}]' for s in p.sizes)};")
+            offs = []
+            for d, off in enumerate(p.offsets):
+                o = f"_o_{c_name(p.tensor)}_{d}"
+                out.append(f"{pad}const int {o} = {build.expr_from_pw_aff(off).to_C_str()};")
+                offs.append(o)
+            total = 1
+            for s in p.sizes:
+                total *= s
+            shape = self.shapes[p.tensor]
+            e = [f"_e{d}" for d in range(len(p.sizes))]
+            unravel, rest = [], "_i"
+            for d in range(len(p.sizes) - 1, -1, -1):
+                unravel.insert(0, f"const int {e[d]} = ({rest}) % {p.sizes[d]};")
+                rest = f"({rest}) / {p.sizes[d]}"
+            glob = [f"{offs[d]} + {e[d]}" for d in range(len(p.sizes))]
+            inside = " && ".join(f"({g}) >= 0 && ({g}) < {shape[d]}" for d, g in enumerate(glob))
+            src = c_name(p.tensor) + "".join(f"[{g}]" for g in glob)
+            dst = sh + "".join(f"[{x}]" for x in e)
+            out.append(f"{pad}for (int _i = _tlin; _i < {total}; _i += {nthreads}) {{")
+            out.append(f"{pad}  {' '.join(unravel)}")
+            out.append(f"{pad}  if ({inside or '1'}) {dst} = {src};")
+            out.append(f"{pad}}}")
+            self._active[p.tensor] = (p, sh)
+        out.append(f"{pad}{self.barrier}")
+        out += self.emit_node(body, ind)
+        out.append(f"{pad}{self.barrier}")
+        self._active = {}
+        return out
+
+    def access(self, name: str, subs, call: A.Call | None) -> str:
+        if name not in self._active or call is None:
+            return super().access(name, subs, call)
+        p, sh = self._active[name]
+        plain = super().access(name, subs, call)      # "A[x][y]" with clamps applied
+        idx = _split_subscripts(plain[len(c_name(name)):])
+        return sh + "".join(f"[({x}) - _o_{c_name(name)}_{d}]" for d, x in enumerate(idx))
+
+    def loop_pragmas(self, mark: str | None, innermost: bool) -> list[str]:
+        o = self.options
+        if innermost and o.unroll > 1:
+            return [self.pragma_unroll.format(n=o.unroll)]
+        return []
+
+
+def _is_scalar_param(cdef, name: str) -> bool:
+    return any(p.name == name and p.is_scalar for p in cdef.inputs)
+
+
+def _split_subscripts(text: str) -> list[str]:
+    """``[a][b[c]]`` -> ``['a', 'b[c]']``."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            if depth > 0:
+                cur += ch
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth == 0:
+                out.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        else:
+            cur += ch
+    return out
+
+
+class OpenCLPrinter(GpuPrinter):
+    """OpenCL C 1.2 (run on PoCL in tests)."""
+
+    kernel_prefix = "__kernel"
+    global_space = "__global "
+    shared_space = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    block_id = "get_group_id({d})"
+    thread_id = "get_local_id({d})"
+    pragma_unroll = "__attribute__((opencl_unroll_hint({n})))"
+    half_type = "half"
+    prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;
+typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;
+#define INT8_MIN CHAR_MIN
+#define INT8_MAX CHAR_MAX
+#define INT16_MIN SHRT_MIN
+#define INT16_MAX SHRT_MAX
+#define INT32_MIN INT_MIN
+#define INT32_MAX INT_MAX
+#define INT64_MIN LONG_MIN
+#define INT64_MAX LONG_MAX
+#define UINT8_MAX UCHAR_MAX
+#define UINT16_MAX USHRT_MAX
+#define UINT32_MAX UINT_MAX
+#define UINT64_MAX ULONG_MAX
+#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
+#define tc_clamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
+"""
