@@ -16,6 +16,7 @@ of :mod:`.nn_ops`:
   ``out_backprop``) or groups.  Depthwise gradients fold into the depthwise channels.
 - ``FusedBatchNormGrad*``: per-(iteration, channel) statistics, as in the forward op.
 - ``BiasAddGrad``: a sum over every axis but the iteration and channel axes.
+- ``StridedSliceGrad``: one more leading dimension, sliced whole.
 - ``BroadcastGradientArgs`` on shape vectors that differ per iteration only nominally
   (checked at run time): computed once, loop-invariant.
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like, same_shape, static_value
+from tfx_vec.pfor.converters._helpers import create_op_like, same_shape
 from tfx_vec.pfor.converters.nn_ops import (batch_norm_channel_folded, channel_axis,
                                            fold_emit, fold_into_channels, scale_dim,
                                            static_dim, unfold_from_channels)
@@ -78,11 +79,6 @@ def _one_group(in_channels: int | None, filter_in_channels: int | None) -> bool:
     return in_channels is not None and in_channels == filter_in_channels
 
 
-def _static_entry(v: tf.Tensor, i: int) -> int | None:
-    value = static_value(v)
-    return None if value is None else int(value[i])
-
-
 def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
     """(input_sizes, filter, out_backprop) -> input gradient."""
     if x.is_stacked(0):
@@ -95,7 +91,9 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
         return None
     filt = x.input(1).t                                 # [n, k..., ci_f, co]
     new_sizes = scale_dim(sizes, c, n)
-    if not x.is_stacked(2) and _one_group(_static_entry(sizes, c), static_dim(filt, -2)):
+    # The shape vectors are often ShapeN outputs (not constant-foldable); the original op's
+    # inferred output shape has the channel counts.
+    if not x.is_stacked(2) and _one_group(static_dim(x.op.outputs[0], c), static_dim(filt, -2)):
         # dx[..., (i, ci)] = sum_co dy[..., co] * F_i[..., ci, co]: n*ci input channels.
         out = create_op_like(x.op, [new_sizes, fold_into_channels(filt, spatial),
                                     x.input(2).t])[0]
@@ -116,7 +114,7 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
         return None
     images, sizes, dy = x.input(0), x.input(1).t, x.input(2)
     n = x.loop_len
-    one_group = _one_group(static_dim(x.op.inputs[0], -1), _static_entry(sizes, spatial))
+    one_group = _one_group(static_dim(x.op.inputs[0], -1), static_dim(x.op.outputs[0], -2))
     if one_group and not images.is_stacked:
         # Same images, per-iteration out_backprop: the iterations are n*co output channels.
         out = create_op_like(x.op, [images.t, scale_dim(sizes, spatial + 1, n),
@@ -203,6 +201,25 @@ def _bias_add_grad(x: ConversionInput):
     c = 2 if channels_first else rank - 1               # in the stacked value
     axes = [a for a in range(1, rank) if a != c]
     return [WrappedTensor(tf.reduce_sum(grad, axes), True)]
+
+
+@register_converter("StridedSliceGrad")
+def _strided_slice_grad(x: ConversionInput):
+    # (shape, begin, end, strides, dy): one more leading dimension, taken whole.
+    if any(x.is_stacked(i) for i in range(4)):
+        return None
+    shape, begin, end, strides = (x.input(i).t for i in range(4))
+    n = tf.reshape(tf.cast(x.loop_len, shape.dtype), [1])
+    zero = tf.zeros([1], begin.dtype)
+    masks = {name: x.attr(name) << 1 for name in ("begin_mask", "end_mask", "ellipsis_mask",
+                                                   "new_axis_mask", "shrink_axis_mask")}
+    masks["begin_mask"] |= 1
+    masks["end_mask"] |= 1
+    out = create_op_like(x.op, [tf.concat([n, shape], 0), tf.concat([zero, begin], 0),
+                                tf.concat([zero, end], 0),
+                                tf.concat([tf.ones([1], strides.dtype), strides], 0),
+                                x.stacked_input(4)], attrs=masks)
+    return [WrappedTensor(out[0], True)]
 
 
 @register_converter("BroadcastGradientArgs")

@@ -230,36 +230,43 @@ def _dynamic_partition(x: ConversionInput):
     return stacked(*guarded([split_leading(o, x.loop_len) for o in outs], checks))
 
 
+def _bincount_size(x: ConversionInput) -> tuple[tf.Tensor, list]:
+    """The ``size`` input; ``tf.math.bincount`` derives it from the data, so it is often
+    stacked but equal in every iteration (checked at run time)."""
+    size = x.input(1)
+    if not size.is_stacked:
+        return size.t, []
+    return tf.reduce_max(size.t), [check_rows_equal(x, size.t, "the number of bins")]
+
+
 @register_converter("Bincount")
 def _bincount(x: ConversionInput):
     # (arr, size, weights): per iteration arr is any shape; weights has its shape or is empty.
-    if x.is_stacked(1):
-        return None
+    size, checks = _bincount_size(x)
     arr = x.stacked_input(0)
     rows = tf.stack([tf.shape(arr)[0], -1])
     weights = tf.reshape(x.stacked_input(2), rows) if x.op.inputs[2].shape.num_elements() != 0 \
         else x.input(2).t
-    out = tf.raw_ops.DenseBincount(input=tf.reshape(arr, rows), size=x.input(1).t,
-                                   weights=weights, binary_output=False)
-    return [WrappedTensor(out, True)]
+    out = tf.raw_ops.DenseBincount(input=tf.reshape(arr, rows), size=size, weights=weights,
+                                   binary_output=False)
+    return stacked(*guarded([out], checks))
 
 
 @register_converter("DenseBincount")
 def _dense_bincount(x: ConversionInput):
     # (input [m] or [b, m], size, weights same shape or empty): rows are counted independently.
-    if x.is_stacked(1):
-        return None
     rank = x.op.inputs[0].shape.rank
     if rank is None:
         return None
+    size, checks = _bincount_size(x)
     has_weights = x.op.inputs[2].shape.num_elements() != 0
     arr, weights = x.stacked_input(0), x.stacked_input(2) if has_weights else x.input(2).t
     lead = None
     if rank == 2:
         arr, lead = fold_batch(arr)
         weights = fold_batch(weights)[0] if has_weights else weights
-    out = tf.raw_ops.DenseBincount(input=arr, size=x.input(1).t, weights=weights,
+    out = tf.raw_ops.DenseBincount(input=arr, size=size, weights=weights,
                                    binary_output=x.attr("binary_output"))
-    return [WrappedTensor(out if lead is None else unfold_batch(out, lead), True)]
+    return stacked(*guarded([out if lead is None else unfold_batch(out, lead)], checks))
 
 # }}}

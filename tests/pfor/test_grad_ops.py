@@ -1,0 +1,174 @@
+"""Gradient-op converters (``tfx_vec/pfor/converters/grad_ops.py``) against the oracle.
+
+Backward kernels are checked directly (raw ops on random inputs, or the tape of one forward
+op with ``output_gradients`` as an input, so that every stacked/invariant combination of
+forward inputs and upstream gradient is covered), then end to end: a loop body that takes
+``tf.GradientTape().gradient`` of a small convnet / MLP / LSTM loss for example ``i`` with
+respect to the weights, vectorized with fallback disabled, against the per-iteration loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfx_vec
+
+from tests.pfor.oracle import check_op, check_pfor
+from tests.pfor.test_nn_ops import RNG, gathered, rand, together
+
+R = tf.raw_ops
+
+
+def vjp(forward):
+    """``(inputs..., dy) -> gradients of forward(inputs...) w.r.t. inputs`` for upstream dy."""
+    def op(*args):
+        *xs, dy = args
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = forward(*xs)
+        return tape.gradient(y, xs, output_gradients=dy)
+    return op
+
+
+# {{{ single kernels
+
+def test_elementwise_grads():
+    pairs = {"ReluGrad": R.ReluGrad, "Relu6Grad": R.Relu6Grad, "SoftplusGrad": R.SoftplusGrad,
+             "SoftsignGrad": R.SoftsignGrad}
+    y_dy = {"TanhGrad": R.TanhGrad, "SigmoidGrad": R.SigmoidGrad, "SqrtGrad": R.SqrtGrad,
+            "RsqrtGrad": R.RsqrtGrad, "ReciprocalGrad": R.ReciprocalGrad, "InvGrad": R.InvGrad}
+    ops = {k: (lambda a, b, f=f: f(gradients=a, features=b)) for k, f in pairs.items()}
+    ops.update({k: (lambda a, b, f=f: f(y=b, dy=a)) for k, f in y_dy.items()})
+    ops.update({k: (lambda a, b, f=f: f(gradients=a, outputs=b))
+                for k, f in {"EluGrad": R.EluGrad, "SeluGrad": R.SeluGrad}.items()})
+    ops["LeakyReluGrad"] = lambda a, b: R.LeakyReluGrad(gradients=a, features=b, alpha=0.3)
+    check_op(together(**ops), [rand(3, 4), rand(3, 4, low=0.2, high=2.0)],
+             rtol=1e-5, atol=1e-5)
+
+
+def test_cholesky_grad():
+    def lower():
+        a = rand(3, 3)
+        return np.tril(a @ a.T + 3 * np.eye(3, dtype=np.float32)).astype(np.float32)
+    l_stack, g_stack = np.stack([lower() for _ in range(3)]), rand(3, 3, 3)
+    check_op(lambda l, g: R.CholeskyGrad(l=l, grad=g), [l_stack[0], g_stack[0]],
+             stacked_arrays=[l_stack, g_stack], rtol=1e-4, atol=1e-4)
+
+
+def test_bias_add_grad():
+    check_op(together(nhwc=lambda g: R.BiasAddGrad(out_backprop=g),
+                      nchw=lambda g: R.BiasAddGrad(out_backprop=g, data_format="NCHW")),
+             [rand(2, 3, 4, 5)], rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_backprop_every_combination():
+    """(images, filter, upstream) -> Conv2DBackpropInput and Conv2DBackpropFilter."""
+    conv = lambda x, f: tf.nn.conv2d(x, f, [1, 2, 1, 1], "SAME")  # noqa: E731
+    check_op(vjp(conv), [rand(2, 5, 4, 3), rand(3, 2, 3, 4), rand(2, 3, 4, 4)],
+             rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_conv2d_backprop():
+    conv = lambda x, f: tf.nn.conv2d(x, f, 1, "VALID")  # noqa: E731
+    check_op(vjp(conv), [rand(1, 4, 4, 4), rand(2, 2, 2, 6), rand(1, 3, 3, 6)],
+             rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_backprop():
+    conv = lambda x, f: tf.nn.conv3d(x, f, [1, 1, 1, 1, 1], "SAME")  # noqa: E731
+    args = [rand(1, 3, 4, 3, 2), rand(2, 2, 2, 2, 3), rand(1, 3, 4, 3, 3)]
+    # The combinations with a single-op formulation (TF has no grouped 3-D convolution).
+    combos = [(True, False, False), (False, False, True), (False, True, False)]
+    check_op(vjp(conv), args, rtol=1e-4, atol=1e-4, combos=combos)
+    xs, dys = gathered(np.stack([args[0]] * 2)), gathered(np.stack([args[2]] * 2))
+    f = tf.constant(args[1])
+    with pytest.raises(tfx_vec.VectorizationError, match="Conv3DBackpropFilterV2"):
+        tfx_vec.pfor(lambda i: vjp(conv)(xs(i), f, dys(i)), 2, fallback_to_while_loop=False)
+
+
+def test_depthwise_backprop():
+    conv = lambda x, f: tf.nn.depthwise_conv2d(x, f, [1, 1, 1, 1], "SAME")  # noqa: E731
+    check_op(vjp(conv), [rand(2, 4, 5, 3), rand(2, 3, 3, 2), rand(2, 4, 5, 6)],
+             rtol=1e-4, atol=1e-4)
+
+
+def test_pool_grads():
+    x, dy = rand(2, 6, 5, 3), rand(2, 3, 2, 3)
+    check_op(together(max=vjp(lambda a: tf.nn.max_pool2d(a, 2, 2, "VALID")),
+                      avg=vjp(lambda a: tf.nn.avg_pool2d(a, 2, 2, "VALID")),
+                      lrn=lambda a, g: vjp(lambda b: tf.nn.local_response_normalization(
+                          b, 1, 1.0, 0.5, 0.5))(a, tf.ones_like(a) * g[0, 0, 0, 0])),
+             [x, dy], rtol=1e-4, atol=1e-4)
+    check_op(vjp(lambda a: tf.nn.max_pool3d(a, 2, 2, "VALID")),
+             [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_batch_norm_grad():
+    population = tf.constant(rand(3)), tf.constant(rand(3, low=0.5))
+
+    def bn(training):
+        stats = (None, None) if training else population
+        return vjp(lambda x, s, o: tf.compat.v1.nn.fused_batch_norm(
+            x, s, o, *stats, is_training=training)[0])
+    args = [rand(2, 3, 4, 3), rand(3, low=0.5), rand(3), rand(2, 3, 4, 3)]
+    combos = [(True, False, False, True), (False, True, True, True), (True, True, True, False)]
+    check_op(together(train=bn(True), infer=bn(False)), args, rtol=2e-4, atol=2e-4,
+             combos=combos)
+
+
+def test_broadcast_gradient_args():
+    s0, s1 = np.array([2, 1, 3], np.int32), np.array([4, 1], np.int32)
+    op = lambda a, b: R.BroadcastGradientArgs(s0=a, s1=b)  # noqa: E731
+    check_op(op, [s0, s1], stacked_arrays=[np.stack([s0] * 3), np.stack([s1] * 3)])
+
+# }}}
+
+
+# {{{ per-example gradients end to end (paper §5.3)
+
+def _per_example_check(loss_fn, weights, examples, n, **kw):
+    consts = [tf.constant(w) for w in weights]
+    data = [gathered(e) for e in examples]
+
+    def loop_fn(i):
+        with tf.GradientTape() as tape:
+            tape.watch(consts)
+            loss = loss_fn(consts, *[d(i) for d in data])
+        return tape.gradient(loss, consts)
+    check_pfor(loop_fn, n, modes=("eager", "function"), **kw)
+
+
+def test_per_example_gradients_convnet():
+    weights = [rand(3, 3, 1, 4), rand(4), rand(3, 3, 4, 4), rand(16, 3), rand(3)]
+
+    def loss_fn(w, image, label):
+        h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(image[None], w[0], 1, "SAME"), w[1]))
+        h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = tf.nn.elu(tf.nn.conv2d(h, w[2], 1, "SAME"))
+        h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
+        logits = tf.matmul(tf.reshape(h, [1, -1]), w[3]) + w[4]
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(label[None],
+                                                                            logits))
+    labels = RNG.integers(0, 3, size=4).astype(np.int32)
+    _per_example_check(loss_fn, weights, [rand(4, 8, 8, 1), labels], 4, rtol=1e-4, atol=1e-4)
+
+
+def test_per_example_gradients_mlp_and_lstm():
+    weights = [rand(5, 8), rand(8), rand(8, 1), rand(5, 16, low=-0.5, high=0.5),
+               rand(4, 16, low=-0.5, high=0.5)]
+
+    def loss_fn(w, x, xs):
+        h = tf.nn.softplus(tf.linalg.matvec(w[0], x, transpose_a=True) + w[1])
+        h = tf.tanh(h) * tf.sigmoid(h) + tf.nn.relu6(h) + tf.nn.leaky_relu(h)
+        mlp = tf.reduce_sum(tf.matmul(h[None], w[2]) ** 2)
+        state, cell = tf.zeros([1, 4]), tf.zeros([1, 4])
+        for t in range(2):  # two LSTM steps, unrolled
+            z = tf.matmul(xs[t][None], w[3]) + tf.matmul(state, w[4])
+            i, f, g, o = tf.split(z, 4, axis=1)
+            cell = tf.sigmoid(f) * cell + tf.sigmoid(i) * tf.tanh(g)
+            state = tf.sigmoid(o) * tf.tanh(cell)
+        return mlp + tf.reduce_sum(state) + tf.nn.l2_loss(w[0])
+    _per_example_check(loss_fn, weights, [rand(3, 5), rand(3, 2, 5)], 3, rtol=1e-4, atol=1e-4)
+
+# }}}

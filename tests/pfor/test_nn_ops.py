@@ -1,0 +1,178 @@
+"""nn converters (``tfx_vec/pfor/converters/nn_ops.py``) against the per-iteration oracle.
+
+Every case runs under every stacked/invariant combination of its inputs (never all
+invariant) with random shapes and values, fallback disabled, every output element compared.
+Structural tests check the formulation (one convolution, no loop) where it is the point.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfx_vec
+from tests.pfor.oracle import check_op, check_pfor
+from tests.support import random_array
+
+RNG = np.random.default_rng(2024)
+
+
+# {{{ helpers shared by the P2 test files
+
+def rand(*shape: int, low: float = -2.0, high: float = 2.0, dtype=np.float32) -> np.ndarray:
+    """Random values without zeros (see ``tests.support.random_array``)."""
+    return random_array(RNG, shape, dtype, low, high)
+
+
+def together(**ops: Callable) -> Callable:
+    """One op computing several: ``together(a=f, b=g)(*args) == {"a": f(*args), ...}``.
+
+    A table of ops with the same input shapes is then vectorized in one trace per
+    stacked/invariant combination, which keeps the suite fast; every output is compared.
+    """
+    return lambda *args: {name: fn(*args) for name, fn in ops.items()}
+
+
+def pfor_op_types(loop_fn: Callable, iters: int) -> collections.Counter:
+    """Op types (with multiplicity) of the vectorized graph, nested functions included."""
+    fn = tf.function(lambda: tfx_vec.pfor(loop_fn, iters, fallback_to_while_loop=False))
+    graph_def = fn.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for f in graph_def.library.function:
+        nodes.extend(f.node_def)
+    return collections.Counter(n.op for n in nodes)
+
+
+def gathered(stack: np.ndarray) -> Callable:
+    """``i -> stack[i]`` as a TF op on a closed-over constant."""
+    t = tf.constant(stack)
+    return lambda i: tf.gather(t, i)
+
+# }}}
+
+
+# {{{ convolutions
+
+CONV_CASES = {
+    "same_stride1": dict(x=(2, 7, 6, 3), f=(3, 3, 3, 4), strides=1, padding="SAME"),
+    "valid_stride2": dict(x=(1, 9, 8, 2), f=(2, 3, 2, 3), strides=2, padding="VALID"),
+    "explicit_dilated": dict(x=(2, 6, 7, 2), f=(2, 2, 2, 3), strides=1,
+                             padding=[[0, 0], [1, 2], [2, 0], [0, 0]], dilations=2),
+    "grouped": dict(x=(1, 5, 5, 4), f=(3, 3, 2, 4), strides=1, padding="SAME"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv2d(case):
+    c = dict(CONV_CASES[case])
+    x, f = rand(*c.pop("x")), rand(*c.pop("f"))
+    check_op(lambda a, b: tf.nn.conv2d(a, b, **c), [x, f], rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_conv2d():
+    x, f = rand(2, 6, 5, 3), rand(3, 2, 3, 2)
+    check_op(lambda a, b: tf.nn.depthwise_conv2d(a, b, [1, 2, 1, 1], "SAME"), [x, f],
+             rtol=1e-4, atol=1e-4)
+    check_op(lambda a, b: tf.nn.depthwise_conv2d(a, b, [1, 1, 1, 1], "VALID",
+                                                 dilations=[2, 1]), [x, f],
+             rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d():
+    x, f = rand(1, 4, 5, 4, 2), rand(2, 2, 3, 2, 3)
+    conv = lambda a, b: tf.nn.conv3d(a, b, [1, 1, 2, 1, 1], "SAME")  # noqa: E731
+    check_op(conv, [x, f], rtol=1e-4, atol=1e-4, combos=[(True, False), (False, True)])
+    # Per-iteration images and filters need a grouped 3-D convolution, which TF lacks.
+    xs, fs = gathered(np.stack([x, x])), gathered(np.stack([f, f]))
+    with pytest.raises(tfx_vec.VectorizationError, match="Conv3D"):
+        tfx_vec.pfor(lambda i: conv(xs(i), fs(i)), 2, fallback_to_while_loop=False)
+
+
+def test_conv2d_is_one_op_without_tiling():
+    """Paper §3.4: stacked images, invariant filter -> ONE Conv2D on [n*b, ...], no loop."""
+    xs, f = gathered(rand(5, 2, 6, 6, 3)), tf.constant(rand(3, 3, 3, 4))
+    fs = gathered(rand(5, 3, 3, 3, 4))
+    for body in (lambda i: tf.nn.conv2d(xs(i), f, 1, "SAME"),
+                 lambda i: tf.nn.conv2d(xs(i), fs(i), 1, "SAME")):
+        types = pfor_op_types(body, 5)
+        assert types["Conv2D"] == 1, types
+        assert not {"While", "StatelessWhile", "Tile"} & set(types), types
+
+
+def test_nchw_stacked_filter_is_reported():
+    x, f = tf.constant(rand(1, 3, 5, 5)), gathered(rand(2, 3, 3, 3, 2))
+    with pytest.raises(tfx_vec.VectorizationError, match="Conv2D"):
+        tfx_vec.pfor(lambda i: tf.nn.conv2d(x, f(i), 1, "SAME", data_format="NCHW"), 2,
+                     fallback_to_while_loop=False)
+
+# }}}
+
+
+# {{{ pooling, normalization, softmax & co.
+
+def test_pooling():
+    x = rand(2, 6, 7, 3)
+    check_op(together(
+        max=lambda a: tf.nn.max_pool2d(a, [2, 3], [2, 1], "SAME"),
+        avg=lambda a: tf.nn.avg_pool2d(a, 2, 2, "VALID"),
+        max_v2=lambda a: tf.raw_ops.MaxPoolV2(input=a, ksize=tf.constant([1, 2, 2, 1]),
+                                              strides=tf.constant([1, 1, 2, 1]),
+                                              padding="VALID"),
+        lrn=lambda a: tf.nn.local_response_normalization(a, 2, 1.5, 0.5, 0.75),
+    ), [x], rtol=1e-5, atol=1e-5)
+    x3 = rand(1, 4, 5, 4, 2)
+    check_op(together(max=lambda a: tf.nn.max_pool3d(a, 2, [1, 2, 1], "SAME"),
+                      avg=lambda a: tf.nn.avg_pool3d(a, 2, 2, "VALID")), [x3])
+
+
+def test_pool_with_argmax():
+    check_op(lambda a: tf.nn.max_pool_with_argmax(a, 2, 2, "VALID"), [rand(2, 4, 6, 3)])
+
+
+def test_bias_add():
+    check_op(lambda v, b: tf.nn.bias_add(v, b), [rand(2, 3, 4), rand(4)])
+    check_op(lambda v, b: tf.raw_ops.BiasAddV1(value=v, bias=b), [rand(3, 5), rand(5)])
+    check_op(lambda v, b: tf.nn.bias_add(v, b, data_format="NCHW"), [rand(2, 3, 4, 5),
+                                                                      rand(3)])
+
+
+def test_softmax_family():
+    logits, labels = rand(3, 6), rand(3, 6, low=0.1, high=1.0)
+    check_op(together(softmax=lambda a: tf.nn.softmax(a),
+                      log_softmax=lambda a: tf.nn.log_softmax(a),
+                      l2=lambda a: tf.nn.l2_loss(a),
+                      top_k=lambda a: tf.math.top_k(a, 3),
+                      nth=lambda a: tf.raw_ops.NthElement(input=a, n=2, reverse=True)),
+             [rand(2, 3, 7)], rtol=1e-5, atol=1e-5)
+    check_op(lambda a, b: tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=a, labels=b),
+             [logits, labels], rtol=1e-5, atol=1e-5)
+    ids = RNG.integers(0, 6, size=3).astype(np.int32)
+    check_op(together(
+        xent=lambda a, y: tf.nn.sparse_softmax_cross_entropy_with_logits(y, a),
+        in_top_k=lambda a, y: tf.math.in_top_k(y, a, 2)), [logits, ids], rtol=1e-5, atol=1e-5)
+
+
+def _bn(training: bool, data_format: str = "NHWC"):
+    def op(x, scale, offset, mean=None, var=None):
+        return tf.compat.v1.nn.fused_batch_norm(x, scale, offset, mean, var, epsilon=1e-3,
+                                                is_training=training, data_format=data_format)
+    return op
+
+
+def test_fused_batch_norm_training_statistics_are_per_iteration():
+    x, scale, offset = rand(2, 4, 3, 5), rand(5, low=0.5), rand(5)
+    check_op(_bn(True), [x, scale, offset], rtol=1e-4, atol=1e-4)
+    check_op(_bn(True, "NCHW"), [rand(2, 3, 4, 3), rand(3, low=0.5), rand(3)],
+             rtol=1e-4, atol=1e-4, combos=[(True, False, False), (True, True, True)])
+
+
+def test_fused_batch_norm_inference():
+    args = [rand(2, 3, 3, 4), rand(4, low=0.5), rand(4), rand(4), rand(4, low=0.5, high=2.0)]
+    combos = [(True, False, False, False, False), (False, True, False, False, True),
+              (True, True, True, True, True), (True, False, False, True, False)]
+    check_op(_bn(False), args, rtol=1e-4, atol=1e-4, combos=combos)
+
+# }}}
