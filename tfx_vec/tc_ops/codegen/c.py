@@ -28,7 +28,7 @@ import islpy as isl
 from ..lang import ast as A
 from ..lang.types import c_type, is_float
 from ..options import MappingOptions
-from ..poly.kernel import MARK_OMP, MARK_SIMD, PolyKernel, PolyStmt, build_ast
+from ..poly.kernel import MARK_OMP, MARK_SEQ, MARK_SIMD, PolyKernel, PolyStmt, build_ast
 
 __all__ = ["CPrinter", "c_name"]
 
@@ -173,7 +173,14 @@ class CPrinter:
                 out += self.emit_node(child, ind)
             return out
         if t == isl.ast_node_type.mark:
-            return self.emit_node(node.mark_get_node(), ind, node.mark_get_id().get_name())
+            inner, name = node.mark_get_node(), node.mark_get_id().get_name()
+            if mark == MARK_OMP:
+                # the OpenMP mark fell on a degenerate (single-iteration) loop: hand it to the
+                # next loop down, which is safe while that loop is coincident or degenerate
+                is_loop = inner.get_type() == isl.ast_node_type.for_
+                if name == MARK_SIMD or (name == MARK_SEQ and not is_loop):
+                    name = MARK_OMP
+            return self.emit_node(inner, ind, name)
         if t == isl.ast_node_type.for_:
             return self.emit_for(node, ind, mark)
         if t == isl.ast_node_type.if_:
@@ -201,9 +208,9 @@ class CPrinter:
         out = []
         if mark == MARK_OMP and o.parallel > 0:
             out.append(self.pragma_parallel)
-        if innermost and mark in (MARK_SIMD, MARK_OMP) and o.vectorize and mark != MARK_OMP:
+        if innermost and mark == MARK_SIMD and o.vectorize:
             out.append(self.pragma_simd)
-        if innermost and o.unroll > 1:
+        elif innermost and o.unroll > 1:   # both pragmas must directly precede the loop
             out.append(self.pragma_unroll.format(n=o.unroll))
         return out
 

@@ -59,8 +59,12 @@ class GpuPrinter(CPrinter):
         self._shared_decls: list[str] = []
 
     # -- whole program -------------------------------------------------------------------
+    def uses_half(self) -> bool:
+        return any(t.dtype == "half" for t in self.cdef.tensors.values())
+
     def source(self) -> str:
-        parts = [self.emit_header(), self.prelude]
+        parts = [self.emit_header(), getattr(self, "fp16_pragma", "") if self.uses_half() else "",
+                 self.prelude]
         for gk in self.mapping.kernels:
             parts.append(self.kernel_function(gk))
         return "\n".join(parts)
@@ -87,9 +91,9 @@ class GpuPrinter(CPrinter):
         return "\n".join(lines) + "\n"
 
     def emit_ids(self, gk: GpuKernel) -> list[str]:
-        out = [f"  const int {BLOCK_IDS[d]} = {self.block_id.format(d=d)};"
+        out = [f"  const int {BLOCK_IDS[d]} = {self.block_id.format(d=d, axis='xyz'[d])};"
                for d in range(len(gk.grid))]
-        out += [f"  const int {THREAD_IDS[d]} = {self.thread_id.format(d=d)};"
+        out += [f"  const int {THREAD_IDS[d]} = {self.thread_id.format(d=d, axis='xyz'[d])};"
                 for d in range(len(gk.block))]
         lin, stride = "0", 1
         for d in range(len(gk.block)):
@@ -239,8 +243,35 @@ class OpenCLPrinter(GpuPrinter):
     thread_id = "get_local_id({d})"
     pragma_unroll = "__attribute__((opencl_unroll_hint({n})))"
     half_type = "half"
+    # OpenCL's math builtins are overloaded on float/double: the C99 float names map onto them.
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define expf exp
+#define logf log
+#define tanhf tanh
+#define sqrtf sqrt
+#define sinf sin
+#define cosf cos
+#define tanf tan
+#define erff erf
+#define log1pf log1p
+#define expm1f expm1
+#define floorf floor
+#define ceilf ceil
+#define roundf round
+#define log2f log2
+#define exp2f exp2
+#define asinf asin
+#define acosf acos
+#define atanf atan
+#define sinhf sinh
+#define coshf cosh
+#define cbrtf cbrt
+#define fabsf fabs
+#define fmaxf fmax
+#define fminf fmin
+#define powf pow
+#define atan2f atan2
+#define fmodf fmod
 typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;
 typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;
 #define INT8_MIN CHAR_MIN

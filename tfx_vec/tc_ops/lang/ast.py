@@ -17,7 +17,8 @@ from typing import Iterator, Union
 from ..errors import Span
 
 __all__ = ["Expr", "IntLit", "FloatLit", "Ident", "Call", "Unary", "Binary", "Ternary", "DimRef",
-           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "REDUCTION_OPS"]
+           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "start_span",
+           "REDUCTION_OPS"]
 
 # assignment operators: "=" plus the reductions, with or without the initialising "!"
 REDUCTION_OPS = ("+=", "*=", "min=", "max=")
@@ -96,6 +97,13 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Ternary):
         return (e.cond, e.then, e.other)
     return ()
+
+
+def start_span(e: Expr) -> Span:
+    """The span of the leftmost token of ``e`` (binary nodes keep their operator's span)."""
+    while isinstance(e, (Binary, Ternary)):
+        e = e.lhs if isinstance(e, Binary) else e.cond
+    return e.span
 
 
 def walk(e: Expr) -> Iterator[Expr]:

@@ -502,7 +502,7 @@ class _Checker:
         accesses: list[Constraint] = []
         for r in reads:
             for dim, a in enumerate(r.args):
-                accesses.append(Constraint(r.name, dim, a, getattr(a, "span", r.span)))
+                accesses.append(Constraint(r.name, dim, a, A.start_span(a)))
         lhs_access = [Constraint(s.lhs, dim, A.Ident(v, sp), sp)
                       for dim, (v, sp) in enumerate(zip(s.lhs_indices, s.lhs_index_spans))]
         usable = [c for c in accesses if c.tensor in sized]
