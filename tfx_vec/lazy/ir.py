@@ -44,7 +44,8 @@ _serials = itertools.count()
 class Node:
     """One IR node.  Treat as frozen: construct a new node instead of changing one."""
 
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "serial", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "serial", "sig",
+                 "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
                  dtype: tf.DType | None, value: Any = None):
@@ -55,6 +56,8 @@ class Node:
         self.dtype = dtype
         self.value = value
         self.serial = next(_serials)
+        # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
+        self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
 
     @classmethod
     def leaf(cls, op: str, value: Any, attrs: tuple = ()) -> "Node":
@@ -82,7 +85,9 @@ class Node:
 class Program(NamedTuple):
     """A canonical program: what the compile cache keys on, plus its parameters' values."""
 
-    key: tuple            # (entries, output indices, (var param index, value index) assigns)
+    key: tuple            # (entries, output indices, (var entry, value entry) assigns); an
+    #                       entry is (op, attrs, (shape, dtype enum), input entries) or
+    #                       (param kind, (shape, dtype enum))
     data: list            # tf.Tensors, in parameter order
     scalars: list         # Python numbers, in parameter order
     variables: list       # tf.Variables, in parameter order
@@ -126,7 +131,7 @@ def _post_order(roots: Sequence[Node]) -> list[Node]:
 def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] = ()) -> Program:
     """Number the graph under ``outputs`` and ``assigns`` ((var node, new value) pairs).
 
-    Returns a :class:`Program` whose ``key`` is a nested tuple of (op, attrs, shape, dtype,
+    Returns a :class:`Program` whose ``key`` is a nested tuple of (op, attrs, (shape, dtype),
     input indices) per node: equal keys mean the same computation on different data.
     """
     roots = list(outputs) + [n for pair in assigns for n in pair]
@@ -139,16 +144,15 @@ def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] =
         op = node.op
         if op == "data":
             data.append(node.value)
-            entries.append(("data", node.shape, node.dtype))
+            entries.append(("data", node.sig))
         elif op == "var":
             variables.append(node.value)
-            entries.append(("var", node.shape, node.dtype))
+            entries.append(("var", node.sig))
         elif op == "scalar":
             scalars.append(node.value)
-            entries.append(("scalar", node.dtype))
+            entries.append(("scalar", node.sig))
         else:
-            entries.append((op, node.attrs, node.shape, node.dtype,
-                            tuple([index[id(x)] for x in node.inputs])))
+            entries.append((op, node.attrs, node.sig, tuple([index[id(x)] for x in node.inputs])))
     key = (tuple(entries), tuple([index[id(n)] for n in outputs]),
            tuple([(index[id(v)], index[id(n)]) for v, n in assigns]))
     return Program(key, data, scalars, variables, index)

@@ -36,7 +36,7 @@ __all__ = ["build"]
 
 def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
     n_src, n_og = entry[1]
-    idx = entry[4]
+    idx = entry[3]
     target, sources = values[idx[0]], [values[j] for j in idx[1:1 + n_src]]
     og = [values[j] for j in idx[1 + n_src:]] or None
     grads = tape.gradient(target, sources, output_gradients=og,
@@ -44,10 +44,14 @@ def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
     return [tf.convert_to_tensor(g) for g in grads]
 
 
-def build(key: tuple) -> Callable:
-    """The jit-compiled replay of the program ``key`` (see ``ir.canonicalize``)."""
+def build(key: tuple, jit: bool = True) -> Callable:
+    """The jit-compiled replay of the program ``key`` (see ``ir.canonicalize``).
+
+    ``jit=False`` gives the same replay as a plain ``tf.function``: the runtime's safety net
+    for a program holding an op XLA cannot compile (counted as ``fallback::no_xla``).
+    """
     entries, outputs, assigns = key
-    watch = {j for e in entries if e[0] == "grad" for j in e[4][1:1 + e[1][0]]}
+    watch = {j for e in entries if e[0] == "grad" for j in e[3][1:1 + e[1][0]]}
     var_pos, k = {}, 0
     for i, e in enumerate(entries):
         if e[0] == "var":
@@ -68,19 +72,19 @@ def build(key: tuple) -> Callable:
                     v = variables[vi].read_value()
                     vi += 1
                 elif op == "scalar":
-                    v = tf.cast(scalars[si], e[1])
+                    v = tf.cast(scalars[si], tf.as_dtype(e[1][1]))
                     si += 1
                 elif op == "const":
                     value, dtype = e[1]
                     v = value if dtype is None else tf.constant(np.array(value), dtype)
                 elif op == "out":
-                    v = values[e[4][0]][e[1][0]]
+                    v = values[e[3][0]][e[1][0]]
                 elif op == "grad":
                     v = _grad(tape, e, values)
                 else:
                     layout, attrs = e[1]
                     try:
-                        v = call(OPS[op], [values[j] for j in e[4]], layout, attrs)
+                        v = call(OPS[op], [values[j] for j in e[3]], layout, attrs)
                     except Exception as err:  # name the node, keep the cause
                         raise LazyCompileError(f"lowering node %{i} ({op}) failed: {err}") \
                             from err
@@ -93,4 +97,27 @@ def build(key: tuple) -> Callable:
             variables[var_pos[var_i]].assign(values[val_i])
         return [values[i] for i in outputs]
 
-    return tf.function(replay, jit_compile=True, autograph=False)
+    return Compiled(tf.function(replay, jit_compile=jit, autograph=False))
+
+
+class Compiled:
+    """A lowered program.  The first call traces (and XLA compiles); later calls go straight to
+    the traced concrete function with flat arguments, skipping ``tf.function``'s per-call
+    argument signature matching (about 1 ms for a step with 18 variables here)."""
+
+    def __init__(self, function: Any):
+        self.function = function
+        self._concrete: Any = None
+        self._flat: Callable | None = None
+
+    def __call__(self, data: list, scalars: Any, variables: list) -> list:
+        if self._flat is not None:
+            flat = data + [scalars] + [v.handle for v in variables]
+            return list(self._flat(flat, self._concrete.captured_inputs))
+        if self._concrete is None:
+            self._concrete = self.function.get_concrete_function(data, scalars, variables)
+            flat_call = getattr(self._concrete, "_call_flat", None)  # private: keep a fallback
+            if flat_call is not None and \
+                    len(self._concrete.inputs) == len(data) + 1 + len(variables):
+                self._flat = flat_call
+        return list(self._concrete(data, scalars, variables))

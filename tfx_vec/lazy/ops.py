@@ -34,7 +34,7 @@ class Unrecordable(Exception):
 class OpDef(NamedTuple):
     name: str                 # "nn.relu": the public path under ``tf.``
     api: Callable             # the tf function called at replay and shape inference
-    params: tuple             # parameter names in order (without ``name``)
+    params: tuple             # parameter names in order (``name`` included, never recorded)
     tensors: tuple            # parameters holding one tensor
     lists: tuple              # parameters holding a list of tensors
     scalars: bool             # Python scalars in tensor params become program parameters
@@ -86,7 +86,6 @@ reduce_all: input_tensor
 reduce_logsumexp: input_tensor
 math.reduce_std: input_tensor
 math.reduce_variance: input_tensor
-math.reduce_euclidean_norm: input_tensor
 math.count_nonzero: input
 argmax: input
 argmin: input
@@ -144,8 +143,6 @@ linalg.norm: tensor
 linalg.cholesky: input
 linalg.triangular_solve: matrix rhs
 linalg.inv: input
-linalg.det: input
-linalg.slogdet: input
 linalg.logdet: matrix
 linalg.solve: matrix rhs
 linalg.cholesky_solve: chol rhs
@@ -154,7 +151,6 @@ linalg.eigh: tensor
 linalg.cross: a b
 linalg.normalize: tensor
 linalg.global_norm: *t_list
-linalg.lu: input
 linalg.adjoint: matrix
 nn.conv1d: input filters
 nn.conv2d: input filters
@@ -215,8 +211,8 @@ def _define(path: str, tensors: list[str], scalars: bool) -> None:
     for p in sig.parameters.values():
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
             varargs = p.name
-        elif p.kind is not inspect.Parameter.VAR_KEYWORD and p.name != "name":
-            params.append(p.name)
+        elif p.kind is not inspect.Parameter.VAR_KEYWORD:
+            params.append(p.name)  # "name" too: gen ops pass it positionally; record drops it
     singles = tuple(t for t in tensors if not t.startswith("*"))
     lists = tuple(t[1:] for t in tensors if t.startswith("*") and t[1:] != varargs)
     unknown = [t for t in singles + lists if t not in params]
@@ -321,6 +317,7 @@ def call(op: OpDef, values: list, layout: tuple, attrs: tuple) -> Any:
         else:
             kwargs[param] = list(values[i:i + count])
             i += count
+    kwargs.pop("name", None)
     if op.varargs:
         equation = kwargs.pop(op.params[0])
         return op.api(equation, *pos, **kwargs)

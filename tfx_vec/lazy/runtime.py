@@ -53,7 +53,7 @@ _cache: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
 _tapes: list = []                             # active lazy.GradientTapes (see tape.py)
-_EMPTY = np.zeros([0], np.float64)
+_EMPTY: list = []  # the empty scalar vector, made on first use (a tf.Tensor)
 
 
 def configure(*, fallback_error: bool | None = None, max_graphs: int | None | str = "keep",
@@ -161,19 +161,31 @@ def _execute(prog: ir.Program, cause: str) -> list:
     else:
         _cache.move_to_end(prog.key)
         metrics.bump("cache_hits")
-    scalars = np.asarray(prog.scalars, np.float64) if prog.scalars else _EMPTY
+    if prog.scalars:
+        scalars = tf.constant(prog.scalars, tf.float64)
+    else:
+        if not _EMPTY:
+            _EMPTY.append(tf.zeros([0], tf.float64))
+        scalars = _EMPTY[0]
     name = "compile" if first else "execute"
     try:
         with metrics.timer(name):
             out = fn(prog.data, scalars, prog.variables)
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
             NotImplementedError) as e:
-        if first:
-            _cache.pop(prog.key, None)
+        _cache.pop(prog.key, None)
         ops = sorted({e_[0] for e_ in prog.key[0]} - ir.PARAM_OPS)
-        raise LazyCompileError(
-            f"running the lazy program {ir.key_hash(prog.key)} (ops {ops}) failed "
-            f"at {user_frame()}: {str(e).splitlines()[0]}") from e
+        where = f"the lazy program {ir.key_hash(prog.key)} (ops {ops}) run at {user_frame()}"
+        if not (first and "unsupported operations" in str(e)):
+            raise LazyCompileError(f"{where} failed: {str(e).splitlines()[0]}") from e
+        # An op XLA cannot compile: run this program as a plain tf.function (counted).
+        metrics.bump("fallback::no_xla")
+        if CONFIG.fallback_error:
+            raise LazyFallbackError(f"{where}: XLA cannot compile it: "
+                                    f"{str(e).splitlines()[0]}") from e
+        fn = _cache[prog.key] = lowering.build(prog.key, jit=False)
+        with metrics.timer(name):
+            out = fn(prog.data, scalars, prog.variables)
     metrics.bump("executions")
     return out
 

@@ -303,27 +303,27 @@ def record(op: OpDef, args: tuple, kwargs: dict) -> Any:
 
 def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
     params = op.params
+    lists = op.lists
     if op.varargs:  # einsum(equation, *inputs)
-        vals = {params[0]: args[0] if args else kwargs.pop(params[0])}
-        vals[op.varargs] = list(args[1:])
-        if kwargs:
-            vals.update(kwargs)
-        params = (params[0], op.varargs) + params[1:]
+        vals = {params[0]: args[0] if args else kwargs.pop(params[0]), op.varargs: list(args[1:])}
+        vals.update(kwargs)
         lists = (op.varargs,)
-    else:
+        items = vals.items()
+    elif kwargs:
         if len(args) > len(params):
             raise TypeError(f"tf.{op.name} takes {len(params)} arguments, got {len(args)}")
         vals = dict(zip(params, args))
-        if kwargs:
-            vals.update(kwargs)
-        lists = op.lists
-    vals.pop("name", None)
+        vals.update(kwargs)
+        items = vals.items()
+    else:
+        if len(args) > len(params):
+            raise TypeError(f"tf.{op.name} takes {len(params)} arguments, got {len(args)}")
+        items = zip(params, args)
     layout, raw, attrs = [], [], []
     tensors = op.tensors
-    for p in params:
-        if p not in vals:
+    for p, v in items:
+        if p == "name":
             continue
-        v = vals[p]
         if p in tensors:
             layout.append((p, -1))
             raw.append(v)
@@ -336,6 +336,7 @@ def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
                 raw.append(v)
         else:
             attrs.append((p, freeze(v)))
+    layout_t, attrs_t = tuple(layout), tuple(attrs)
     nodes = []
     main = None
     for v in raw:
@@ -348,19 +349,11 @@ def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
             if main is None and n is not None and n.op == "data":
                 main = n.dtype
         nodes.append(n)
-    sig = [op.name, tuple(layout), tuple(attrs)]
+    sig = [op.name, layout_t, attrs_t]
     for i, n in enumerate(nodes):
         if n is None:  # a Python number: a parameter of the program, or baked
-            v = raw[i]
-            if v in (0, 1, -1) or not op.scalars or main is None or not (
-                    main.is_floating or main.is_complex or
-                    (main.is_integer and isinstance(v, int))):
-                n = _const(v)
-            else:
-                n = Node("scalar", (), (), (), main, v)
-            nodes[i] = n
-        sig.append(n.attrs if n.op == "const" else (n.shape, n.dtype))
-    layout_t, attrs_t = sig[1], sig[2]
+            nodes[i] = n = _number(raw[i], op.scalars, main)
+        sig.append(n.sig if n.op != "const" else n.attrs)
     try:
         spec = infer(op, layout_t, attrs_t, nodes, tuple(sig))
     except Unrecordable:
@@ -368,7 +361,7 @@ def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
     except (ValueError, TypeError, tf.errors.OpError) as err:
         raise LazyShapeError(f"tf.{op.name}: {str(err).splitlines()[0]} (recorded at "
                              f"{runtime.user_frame()})") from err
-    metrics._counters["ops_recorded"] += 1
+    _counters["ops_recorded"] += 1
     inputs = tuple(nodes)
     if spec.structure is None:
         shape, dtype = spec.flat[0]
@@ -376,4 +369,15 @@ def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
     base = Node(op.name, inputs, (layout_t, attrs_t), None, None)
     outs = [LazyTensor(Node("out", (base,), (i,), s, d)) for i, (s, d) in enumerate(spec.flat)]
     return tf.nest.pack_sequence_as(spec.structure, outs)
+
+
+_counters = metrics._counters
+
+
+def _number(v: Any, scalars: bool, main: tf.DType | None) -> Node:
+    """A Python number argument: baked when 0/+-1 or without a tensor to take a dtype from."""
+    if v in (0, 1, -1) or not scalars or main is None or not (
+            main.is_floating or main.is_complex or (main.is_integer and isinstance(v, int))):
+        return _const(v)
+    return Node("scalar", (), (), (), main, v)
 # }}}
