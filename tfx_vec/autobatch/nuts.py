@@ -87,12 +87,11 @@ def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
 
 
 def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
-    """``n`` independent int32 seeds ``[..., 2]`` from one."""
-    out = []
-    for i in range(n):
-        pair = [_hash(seed, tf.constant(_SPLIT_DOMAIN + 2 * i + j, tf.uint32)) for j in (0, 1)]
-        out.append(tf.bitcast(tf.stack(pair, axis=-1), tf.int32))
-    return out
+    """``n`` independent int32 seeds ``[..., 2]`` from one (one vectorized hash)."""
+    counters = tf.constant(np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n), tf.uint32)
+    bits = _hash(seed, counters[(None,) * (seed.shape.rank - 1)])   # [..., 2n]
+    pairs = tf.bitcast(bits, tf.int32)
+    return [pairs[..., 2 * i:2 * i + 2] for i in range(n)]
 
 
 def _uniforms(seed: tf.Tensor, counter: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -527,7 +526,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             vg = functools.partial(spec.value_and_grad, self.target_log_prob_fn)
             if batched:
                 from tfx_vec import autobatch as ab
-                wrap = ab.function(max_stack_depth=self.max_tree_depth + 4)
+                # NUTS always terminates; max_steps only guards the runtime's loop.
+                wrap = ab.function(max_stack_depth=self.max_tree_depth + 4, max_steps=2 ** 30)
             else:
                 wrap = _identity
             self._programs[key] = _make_program(vg, self.max_tree_depth, self.max_energy_diff,

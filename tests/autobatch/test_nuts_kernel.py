@@ -1,0 +1,182 @@
+"""tfx_vec.autobatch.NoUTurnSampler as a TFP kernel: every runtime agrees with the per-chain
+reference, kernel results are consistent, edge cases (divergence, maximum depth) are flagged, bad
+input is rejected clearly.  TFP workflows (sample_chain, dual averaging, XLA) and the statistics
+are in test_nuts_stats.py."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from tfx_vec.autobatch import nuts
+from tfx_vec.autobatch.nuts import NoUTurnSampler
+
+CHAINS = 5
+COV = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.5], [0.2, -0.5, 0.8]], np.float32)
+PREC = np.linalg.inv(COV).astype(np.float32)
+
+
+def _two_part_log_prob(x, y):
+    """A correlated 3-d Gaussian whose state is split into parts of shapes [1] and [2]."""
+    z = tf.concat([x, y], axis=-1)
+    return -0.5 * tf.einsum("bi,ij,bj->b", z, tf.constant(PREC), z)
+
+
+def _two_part_state(seed=0):
+    rng = np.random.default_rng(seed)
+    return [tf.constant(rng.normal(size=(CHAINS, 1)).astype(np.float32)),
+            tf.constant(rng.normal(size=(CHAINS, 2)).astype(np.float32))]
+
+
+def _per_chain_steps():
+    """A step size per chain (shape [chains, 1]) and per state part."""
+    base = np.linspace(0.25, 0.6, CHAINS).astype(np.float32)[:, None]
+    return [tf.constant(base), tf.constant(0.8 * base)]
+
+
+def _run_steps(runtime, num_steps=2, **kw):
+    """``num_steps`` kernel steps with fixed seeds; ``runtime="xla"``: program counter, all steps
+    in one ``tf.function(jit_compile=True)``."""
+    kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5,
+                            runtime="program_counter" if runtime == "xla" else runtime, **kw)
+
+    def steps(state):
+        results = kernel.bootstrap_results(state)
+        out = []
+        for i in range(num_steps):
+            state, results = kernel.one_step(state, results, seed=(7, i))
+            out.append((state, results))
+        return out
+
+    if runtime == "xla":
+        steps = tf.function(steps, jit_compile=True)
+    return steps(_two_part_state())
+
+
+def _assert_same(a, b, rtol=2e-5, atol=2e-5):
+    """Floats allclose, integer and boolean results identical, over the whole structure."""
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.kind == "f":
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The same program run directly in Python, one chain at a time (the unbatched reference)."""
+    return _run_steps("python", num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
+
+
+@pytest.mark.parametrize("runtime", ["xla", "local_static", "hybrid"])
+def test_runtime_matches_per_chain_reference(reference, runtime):
+    """Every batched runtime gives each chain exactly what running it alone gives."""
+    got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
+    _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
+
+
+def test_kernel_results_are_consistent(reference):
+    """target_log_prob and its gradient belong to the returned state; counters add up."""
+    for state, r in reference:
+        with tf.GradientTape() as tape:
+            tape.watch(state)
+            lp = _two_part_log_prob(*state)
+        np.testing.assert_allclose(r.target_log_prob, lp, rtol=1e-5, atol=1e-5)
+        for g, want in zip(r.grads_target_log_prob, tape.gradient(lp, state)):
+            np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_less(r.log_accept_ratio, 1e-6)
+        assert np.all(np.asarray(r.leapfrogs_taken) % 2 == 0)  # 2 unrolled steps per leaf
+    (_, first), (_, second) = reference
+    np.testing.assert_array_less(first.leapfrogs_taken, second.leapfrogs_taken)
+    assert np.all(np.asarray(second.leapfrogs_computed) >= np.max(second.leapfrogs_taken))
+
+
+def test_chain_seeds_do_not_depend_on_the_batch():
+    """Chain b's seed depends only on the step seed and b, so (with the per-chain reference
+    test above) chain b gets the same draws alone as in any batch."""
+    np.testing.assert_array_equal(nuts.chain_seeds((1, 1), 3), nuts.chain_seeds((1, 1), 7)[:3])
+    assert len({tuple(s) for s in nuts.chain_seeds((1, 1), 1000).numpy()}) == 1000
+
+
+def test_divergence_is_flagged_and_state_kept():
+    kernel = NoUTurnSampler(lambda x: -0.5 * tf.reduce_sum(x * x, -1) / 0.01, step_size=5.0,
+                            max_energy_diff=10.0, runtime="local_static")
+    x = tf.fill([3, 2], 0.3)
+    new, r = kernel.one_step(x, kernel.bootstrap_results(x), seed=(0, 1))
+    assert np.all(r.has_divergence) and not np.any(r.is_accepted)
+    np.testing.assert_array_equal(new, x)
+    np.testing.assert_array_equal(r.leapfrogs_taken, [1, 1, 1])
+
+
+def test_max_tree_depth_is_reached_with_tiny_steps():
+    kernel = NoUTurnSampler(lambda x: -0.5 * tf.reduce_sum(x * x, -1), step_size=1e-3,
+                            max_tree_depth=3, runtime="local_static")
+    x = tf.fill([2, 2], 1.0)
+    _, r = kernel.one_step(x, kernel.bootstrap_results(x), seed=(0, 2))
+    assert np.all(r.reach_max_depth) and not np.any(r.has_divergence)
+    np.testing.assert_array_equal(r.leapfrogs_taken, [7, 7])  # 2**3 - 1 leaves
+
+
+def test_kernel_protocol():
+    kernel = NoUTurnSampler(lambda x: -tf.reduce_sum(x * x, -1), step_size=0.1, seed=3,
+                            runtime="local_static")
+    assert kernel.is_calibrated and kernel.parameters["max_tree_depth"] == 10
+    x = tf.ones([2, 2])
+    r = kernel.bootstrap_results(x)
+    # No seed to one_step: the carried seed makes the step reproducible and advances.
+    a, r1 = kernel.one_step(x, r)
+    b, _ = kernel.one_step(x, r)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(np.asarray(r1.seed), np.asarray(r.seed))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, max_tree_depth=0), "max_tree_depth"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, runtime="gpu"), "runtime must be one of"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_leapfrog_steps=0), "unrolled"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, num_trajectories_per_step=0), "num_trajectories"),
+])
+def test_bad_arguments(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_bad_states_and_step_sizes():
+    k = NoUTurnSampler(lambda x, y: -tf.reduce_sum(x * x, -1), step_size=0.1)
+    with pytest.raises(TypeError, match="share one float dtype"):
+        k.bootstrap_results([tf.ones([2, 1]), tf.ones([2, 1], tf.float64)])
+    with pytest.raises(TypeError, match="floating point"):
+        NoUTurnSampler(lambda x: x, 0.1).bootstrap_results(tf.ones([2, 1], tf.int32))
+    with pytest.raises(ValueError, match=r"one value per chain"):
+        NoUTurnSampler(lambda x: x[:, 0] * x, 0.1).bootstrap_results(tf.ones([2, 2]))
+    bad = NoUTurnSampler(lambda x: -tf.reduce_sum(x * x, -1), step_size=tf.ones([3]))
+    x = tf.ones([2, 2])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        bad.one_step(x, bad.bootstrap_results(x), seed=(1, 2))
+    two = NoUTurnSampler(lambda x: -tf.reduce_sum(x * x, -1), step_size=[0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="expected 1 or 1 step sizes"):
+        two.one_step(x, two.bootstrap_results(x), seed=(1, 2))
+
+
+def test_python_runtime_refuses_graph_mode():
+    k = NoUTurnSampler(lambda x: -tf.reduce_sum(x * x, -1), 0.1, runtime="python")
+    x = tf.ones([2, 2])
+    r = k.bootstrap_results(x)
+    with pytest.raises(ValueError, match="eager"):
+        tf.function(lambda: k.one_step(x, r, seed=(1, 1)))()
+
+
+def test_random_streams_are_uniform_and_independent():
+    """The counter-based generator: uniform marginals (DKWM) and uncorrelated split streams."""
+    seeds = nuts.chain_seeds((5, 6), 20000)
+    u = nuts._uniform(seeds, tf.float64).numpy()
+    a, b = nuts._split(seeds, 2)
+    ua, ub = nuts._uniform(a, tf.float64).numpy(), nuts._uniform(b, tf.float64).numpy()
+    eps = np.sqrt(np.log(2 / 1e-4) / (2 * len(u)))
+    for x in (u, ua, ub):
+        x = np.sort(x)
+        assert np.max(np.abs(x - (np.arange(len(x)) + 0.5) / len(x))) < eps
+    for x, y in ((u, ua), (ua, ub), (u, ub)):
+        assert abs(np.corrcoef(x, y)[0, 1]) < 4.5 / np.sqrt(len(u))
+    z = nuts._normal(seeds[:2000], 10, tf.float64).numpy().ravel()
+    assert abs(z.mean()) < 4.5 / np.sqrt(z.size) and abs(z.var() - 1) < 4.5 * np.sqrt(2 / z.size)
