@@ -31,8 +31,8 @@ def runtime():
 def test_local_memory_barrier_and_two_launches(runtime):
     a = random_array(np.random.default_rng(0), (64,))
     launches = [opencl.Launch("rev", (64,), (16,)), opencl.Launch("twice", (64,), (16,))]
-    (b,), seconds = runtime.run(REVERSE, launches, [a], [((64,), np.float32)],
-                                temps=[((64,), np.float32)], timed=True)
+    b = np.zeros(64, np.float32)
+    seconds = runtime.run(REVERSE, launches, [a], [b], temps=[((64,), np.float32)], timed=True)
     np.testing.assert_array_equal(b, 2 * a.reshape(4, 16)[:, ::-1].reshape(-1))
     assert seconds > 0
 

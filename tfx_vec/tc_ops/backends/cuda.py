@@ -24,7 +24,8 @@ from typing import Any, Sequence
 
 from ..errors import TcBackendError, TcCompileError
 
-__all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "CudaRuntime"]
+__all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "CudaRuntime",
+           "CudaBackend", "CudaKernel"]
 
 
 def nvcc_path() -> str | None:
@@ -179,3 +180,55 @@ class CudaRuntime:
         finally:
             self.context.pop()
         return outs
+
+
+class CudaKernel:
+    """A TC mapped and printed as CUDA.  ``source`` needs no GPU; ``run`` needs pycuda + a GPU.
+
+    ``run(args)`` takes NumPy buffers in the ABI order (outputs written in place, through the
+    GPU); :meth:`run_tensors` takes TF tensors already on the GPU and returns TF tensors, with no
+    host round trip.
+    """
+
+    def __init__(self, spec: Any, mapping: Any, source: str):
+        from ..lang.types import np_dtype
+        from .opencl import launches_for
+
+        self.spec, self.mapping, self.source = spec, mapping, source
+        self.launches = launches_for(mapping)
+        cdef, shapes = spec.cdef, spec.ranges.shapes
+        self.n_inputs = len(cdef.inputs)
+        self.outputs = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
+        self.temps = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.temps]
+
+    def run_tensors(self, inputs: Sequence[Any]) -> list:
+        return cuda_runtime().run(self.source, self.launches, inputs, self.outputs, self.temps)
+
+    def run(self, args: list) -> None:
+        import numpy as np
+        outs = self.run_tensors([np.reshape(a, (1,)) if np.ndim(a) == 0 else a
+                                 for a in args[:self.n_inputs]])
+        for dst, src in zip(args[self.n_inputs:], outs):
+            dst[...] = src.numpy()
+
+
+class CudaBackend:
+    """``backend="cuda"``: generation needs nothing; running needs pycuda and a CUDA GPU."""
+
+    name = "cuda"
+
+    def compile(self, spec: Any) -> CudaKernel:
+        from ..codegen.cuda import CudaPrinter
+        from ..poly.kernel import build_kernel
+        from ..poly.mapping import map_to_gpu
+
+        mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options)
+        return CudaKernel(spec, mapping, CudaPrinter(mapping).source())
+
+
+def _register() -> None:
+    from . import register_backend
+    register_backend("cuda", CudaBackend)
+
+
+_register()

@@ -14,8 +14,8 @@ Example::
     from tfx_vec.tc_ops.backends.opencl import OpenCLRuntime, Launch
     src = "__kernel void k(__global const float* a, __global float* b)"
           "{ int i = get_global_id(0); b[i] = 2 * a[i]; }"
-    (b,) = OpenCLRuntime.get().run(src, [Launch("k", (8,), (4,))], [np.ones(8, np.float32)],
-                                   [((8,), np.float32)])
+    b = np.zeros(8, np.float32)
+    OpenCLRuntime.get().run(src, [Launch("k", (8,), (4,))], [np.ones(8, np.float32)], [b])
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ import numpy as np
 
 from ..errors import TcBackendError, TcCompileError
 
-__all__ = ["Launch", "OpenCLRuntime", "available", "device_name", "launches_for"]
+__all__ = ["Launch", "OpenCLRuntime", "OpenCLBackend", "OpenCLKernel", "available",
+           "device_name", "launches_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,33 +146,42 @@ class OpenCLRuntime:
             prog = self._programs.get(key)
         if prog is not None:
             return prog
+        prog = self.cl.Program(self.context, source)
         try:
-            prog = self.cl.Program(self.context, source).build(options=["-cl-std=CL1.2"])
+            prog.build(options=["-cl-std=CL1.2"])
         except self.cl.Error as e:
-            raise TcCompileError(f"OpenCL build failed:\n{e}\n--- source ---\n{source}") from e
+            try:
+                log = prog.get_build_info(self.device, self.cl.program_build_info.LOG)
+            except self.cl.Error:
+                log = str(e)
+            raise TcCompileError(f"OpenCL build failed:\n{log}\n--- source ---\n{source}") from e
         with self._build_lock:
             self._programs[key] = prog
         return prog
 
     def run(self, source: str, launches: Sequence[Launch], inputs: Sequence[np.ndarray],
-            outputs: Sequence[tuple[Sequence[int], Any]],
-            temps: Sequence[tuple[Sequence[int], Any]] = (), *, timed: bool = False):
-        """Run ``launches`` in order; returns the outputs as NumPy arrays.
+            outputs: Sequence[np.ndarray], temps: Sequence[tuple[Sequence[int], Any]] = (),
+            *, timed: bool = False) -> float | None:
+        """Run ``launches`` in order, writing ``outputs`` (preallocated, C-contiguous) in place.
 
-        With ``timed=True`` returns ``(outputs, seconds)`` where seconds is the device time of
-        the launches (profiling events), not counting transfers.
+        Output buffers start as the arrays' contents (zeros from the caller: elements a TC leaves
+        undefined read as 0, as on the CPU), temporaries as zeros.  With ``timed=True`` returns
+        the device seconds of the launches (profiling events), transfers excluded.
         """
         cl = self.cl
         prog = self.build(source)
         mf = cl.mem_flags
-        bufs = [cl.Buffer(self.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                          hostbuf=np.ascontiguousarray(np.asarray(x).reshape(-1)
-                                                       if np.asarray(x).ndim == 0
-                                                       else np.asarray(x)))
-                for x in inputs]
-        out_arrays = [np.empty(tuple(s), np.dtype(d)) for s, d in outputs]
-        for a in out_arrays + [np.empty(tuple(s), np.dtype(d)) for s, d in temps]:
-            bufs.append(cl.Buffer(self.context, mf.READ_WRITE, size=max(a.nbytes, 1)))
+
+        def buffer(a: np.ndarray, flags) -> Any:
+            a = np.ascontiguousarray(a).reshape(-1)
+            if a.nbytes == 0:
+                return cl.Buffer(self.context, flags & ~mf.COPY_HOST_PTR, size=1)
+            return cl.Buffer(self.context, flags, hostbuf=a)
+
+        bufs = [buffer(np.asarray(x), mf.READ_ONLY | mf.COPY_HOST_PTR) for x in inputs]
+        bufs += [buffer(o, mf.READ_WRITE | mf.COPY_HOST_PTR) for o in outputs]
+        bufs += [buffer(np.zeros(tuple(s), np.dtype(d)), mf.READ_WRITE | mf.COPY_HOST_PTR)
+                 for s, d in temps]
         events = []
         for ln in launches:
             kernel = getattr(prog, ln.kernel)
@@ -179,10 +189,69 @@ class OpenCLRuntime:
                 events.append(kernel(self.queue, ln.global_size, ln.local_size, *bufs))
             except cl.Error as e:
                 raise TcBackendError(f"OpenCL launch of {ln.kernel} {ln} failed: {e}") from e
-        for a, b in zip(out_arrays, bufs[len(inputs):]):
-            cl.enqueue_copy(self.queue, a, b)
+        for o, b in zip(outputs, bufs[len(inputs):]):
+            if o.nbytes:
+                cl.enqueue_copy(self.queue, o, b)
         self.queue.finish()
         if not timed:
-            return out_arrays
-        seconds = sum((ev.profile.end - ev.profile.start) * 1e-9 for ev in events)
-        return out_arrays, seconds
+            return None
+        return sum((ev.profile.end - ev.profile.start) * 1e-9 for ev in events)
+
+
+class OpenCLKernel:
+    """A compiled TC on OpenCL: ``source``, ``run(args)`` in the ABI order (outputs in place)."""
+
+    def __init__(self, spec: Any, mapping: Any, source: str):
+        self.spec, self.mapping, self.source = spec, mapping, source
+        self.launches = launches_for(mapping)
+        cdef, shapes = spec.cdef, spec.ranges.shapes
+        from ..lang.types import np_dtype
+        self.n_inputs = len(cdef.inputs)
+        self.temps = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.temps]
+
+    def run(self, args: list) -> None:
+        OpenCLRuntime.get().run(self.source, self.launches, args[:self.n_inputs],
+                                args[self.n_inputs:], self.temps)
+
+    def run_timed(self, args: list) -> float:
+        """Run and return the device time in seconds (for the autotuner)."""
+        return OpenCLRuntime.get().run(self.source, self.launches, args[:self.n_inputs],
+                                       args[self.n_inputs:], self.temps, timed=True)
+
+
+class OpenCLBackend:
+    """``backend="opencl"``: the GPU mapping printed as OpenCL C, run with pyopencl (PoCL here)."""
+
+    name = "opencl"
+
+    def compile(self, spec: Any) -> OpenCLKernel:
+        from ..codegen.opencl import OpenCLPrinter
+        from ..poly.kernel import build_kernel
+        from ..poly.mapping import map_to_gpu
+
+        rt = OpenCLRuntime.get()
+        budget = min(rt.local_mem_size, 48 * 1024)
+        mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options, budget)
+        for gk in mapping.kernels:
+            threads = 1
+            for b in gk.block:
+                threads *= b
+            if threads > rt.max_work_group_size:
+                raise TcBackendError(
+                    f"{spec.cdef.name}: {gk.block} = {threads} threads per block exceed the "
+                    f"OpenCL device's work-group limit {rt.max_work_group_size}")
+        printer = OpenCLPrinter(mapping)
+        if printer.uses_half() and "cl_khr_fp16" not in rt.device.extensions:
+            raise TcBackendError(f"{spec.cdef.name}: half tensors need the cl_khr_fp16 extension, "
+                                 f"which OpenCL device {rt.device.name.strip()!r} lacks")
+        source = printer.source()
+        rt.build(source)
+        return OpenCLKernel(spec, mapping, source)
+
+
+def _register() -> None:
+    from . import register_backend
+    register_backend("opencl", OpenCLBackend)
+
+
+_register()

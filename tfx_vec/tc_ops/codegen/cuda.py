@@ -40,3 +40,11 @@ class CudaPrinter(GpuPrinter):
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define tc_clamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
 """
+
+    def access(self, name: str, subs, call) -> str:
+        """Reads of ``half`` tensors are widened to float: CUDA's ``__half`` operators are
+        ambiguous with int/float operands, and TC computes in the promoted type anyway."""
+        text = super().access(name, subs, call)
+        if call is not None and self.cdef.tensors[name].dtype == "half":
+            return f"((float){text})"
+        return text
