@@ -233,7 +233,10 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
 
 def _rows(t: tf.Tensor, start, size) -> tf.Tensor:
     """``t[start:start+size]`` with a static leading dimension when ``size`` is an int."""
-    rows = t[start:start + size]
+    rank = t.shape.rank
+    begin = tf.concat([tf.reshape(tf.cast(start, tf.int32), [1]), tf.zeros([rank - 1], tf.int32)], 0)
+    sizes = tf.concat([tf.reshape(tf.cast(size, tf.int32), [1]), -tf.ones([rank - 1], tf.int32)], 0)
+    rows = tf.slice(t, begin, sizes)  # a dynamic-offset, static-size slice for XLA
     if isinstance(size, int) and rows.shape.rank is not None:
         rows.set_shape([size] + rows.shape.as_list()[1:])
     return rows
@@ -271,40 +274,68 @@ def _dispatch(kind: str, fn: Callable, build: Callable, static_key, tensors: lis
 
 
 def _function_key(fn: Callable):
-    """(hashable key, eager tensors closed over, rebuild(values) -> fn over those values).
+    """(hashable key, eager tensors it reads, rebuild(values) -> fn reading those values).
 
-    For a plain Python function the key is its code plus the identities of its non-tensor
-    closure cells and defaults; eager tensors in the closure become ``tf.function`` arguments,
-    so a fresh ``lambda`` over fresh tensors of the same signature hits the cache.
+    For a plain Python function the key is its code plus the identities of the non-tensor
+    values it reads (closure cells, referenced globals, defaults); eager tensors among them
+    become ``tf.function`` arguments, so a fresh ``lambda`` over fresh tensors of the same
+    signature hits the cache, and rebinding a tensor never reuses a stale trace.
     """
-    if not isinstance(fn, types.FunctionType) or not fn.__closure__:
+    if not isinstance(fn, types.FunctionType):
         return (_identity(fn),), [], lambda values: fn
-    cells = fn.__closure__
-    key, tensors, slots = [fn.__code__, _identity(fn.__defaults__), id(fn.__globals__)], [], []
-    for k, cell in enumerate(cells):
+    key = [fn.__code__, _identity(fn.__defaults__), _identity(fn.__kwdefaults__)]
+    tensors, cell_slots, global_names = [], [], []
+    for k, cell in enumerate(fn.__closure__ or ()):
         try:
             v = cell.cell_contents
         except ValueError:  # empty cell
             key.append(("empty", k))
             continue
-        if isinstance(v, tf.Tensor) and not isinstance(v, tf.Variable) and hasattr(v, "numpy") \
-                and v.dtype != tf.resource:
-            key.append(("tensor", k))
+        if _is_eager_tensor(v):
+            key.append(("cell-tensor", k))
             tensors.append(v)
-            slots.append(k)
+            cell_slots.append(k)
         else:
-            key.append(("value", k, _identity(v)))
+            key.append(("cell", k, _identity(v)))
+    for name in sorted(_global_names(fn.__code__)):
+        if name not in fn.__globals__:
+            continue
+        v = fn.__globals__[name]
+        if _is_eager_tensor(v):
+            key.append(("global-tensor", name))
+            tensors.append(v)
+            global_names.append(name)
+        else:
+            key.append(("global", name, _identity(v)))
 
     def rebuild(values):
-        new_cells = list(cells)
-        for slot, value in zip(slots, values):
-            new_cells[slot] = types.CellType(value)
-        g = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                               tuple(new_cells))
+        values = list(values)
+        cells = list(fn.__closure__ or ())
+        for slot in cell_slots:
+            cells[slot] = types.CellType(values.pop(0))
+        glob = fn.__globals__
+        if global_names:
+            glob = dict(fn.__globals__)
+            for name in global_names:
+                glob[name] = values.pop(0)
+        g = types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__,
+                               tuple(cells) if fn.__closure__ else None)
         g.__kwdefaults__ = fn.__kwdefaults__
         return g
 
     return tuple(key), tensors, rebuild
+
+
+def _is_eager_tensor(v) -> bool:
+    return isinstance(v, tf.Tensor) and hasattr(v, "numpy") and v.dtype != tf.resource
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 class _Id:

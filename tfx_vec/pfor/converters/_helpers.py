@@ -19,6 +19,7 @@ Example:
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -228,12 +229,18 @@ def per_iteration_rank(w: WrappedTensor) -> int | None:
 
 # {{{ families
 
+def _family(op_types: Sequence[str], fn: Callable) -> None:
+    """Register a family converter, attributed to the module that called the family helper."""
+    fn.__module__ = sys._getframe(2).f_globals.get("__name__", fn.__module__)
+    register_converter(*op_types)(fn)
+
+
 def elementwise(*op_types: str) -> None:
     """Register unary ops that act on each element independently."""
 
-    @register_converter(*op_types)
     def _elementwise(x: ConversionInput):
         return reemit_stacked(x, [w.t for w in x.inputs])
+    _family(op_types, _elementwise)
 
 
 def align_ranks(x: ConversionInput, indices: Sequence[int] | None = None) -> list[tf.Tensor]:
@@ -258,29 +265,28 @@ def align_ranks(x: ConversionInput, indices: Sequence[int] | None = None) -> lis
 def broadcasting(*op_types: str) -> None:
     """Register n-ary ops with NumPy-style broadcasting of all inputs."""
 
-    @register_converter(*op_types)
     def _broadcasting(x: ConversionInput):
         aligned = align_ranks(x)
         if aligned is None:
             return None
         return reemit_stacked(x, aligned)
+    _family(op_types, _broadcasting)
 
 
 def same_shape(*op_types: str) -> None:
     """Register n-ary ops whose inputs must all have the same shape: tile invariant ones."""
 
-    @register_converter(*op_types)
     def _same_shape(x: ConversionInput):
         ranks = {per_iteration_rank(w) for w in x.inputs}
         if len(ranks) != 1 or None in ranks:  # e.g. a scalar that the op broadcasts itself
             return None
         return reemit_stacked(x, [x.stacked_input(i) for i in range(len(x.inputs))])
+    _family(op_types, _same_shape)
 
 
 def reduction(*op_types: str, axis_input: int = 1) -> None:
     """Register ops reducing/scanning input 0 over the axes given by input ``axis_input``."""
 
-    @register_converter(*op_types)
     def _reduction(x: ConversionInput):
         if x.is_stacked(axis_input):
             return None
@@ -290,6 +296,7 @@ def reduction(*op_types: str, axis_input: int = 1) -> None:
         axis = shift_axis(inputs[axis_input])
         inputs[axis_input] = tf.constant(axis) if isinstance(axis, np.ndarray) else axis
         return reemit_stacked(x, inputs)
+    _family(op_types, _reduction)
 
 # }}}
 
