@@ -42,6 +42,7 @@ def map_and_batch(fn: Callable[..., Any], batch_size: int, *, drop_remainder: bo
         raise TypeError(f"map_and_batch: fn must be callable, got {fn!r}")
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        @tf.autograph.experimental.do_not_convert
         def vectorized(*batched):
             element = batched if len(batched) > 1 else batched[0]
             unpack = isinstance(element, tuple)

@@ -32,6 +32,10 @@ __all__ = ["jacobian", "batch_jacobian", "hessian", "per_example_gradients"]
 
 _MODES = ("reverse", "forward")
 
+#: Library entry points are not AutoGraph-converted when called from a user's tf.function
+#: (AutoGraph would otherwise rewrite the vectorizer's own Python control flow).
+_library_code = tf.autograph.experimental.do_not_convert
+
 
 # {{{ the parallel loop: pfor or a while_loop
 
@@ -66,7 +70,7 @@ def _zeros_for_none(grads: Sequence[Any], sources: Sequence[Any]) -> list[tf.Ten
 def _graph_mode(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` inside one ``tf.function`` trace when eager, so nested tapes stay symbolic."""
     if tf.executing_eagerly():
-        return tf.function(fn)()
+        return tf.function(fn, autograph=False)()
     return fn()
 
 
@@ -77,6 +81,7 @@ def _check_mode(mode: str) -> None:
 
 # {{{ jacobian
 
+@_library_code
 def jacobian(f_or_target: Callable[..., Any] | tf.Tensor, sources: Any, *,
              tape: tf.GradientTape | None = None, mode: str = "reverse",
              use_pfor: bool = True, parallel_iterations: int | None = None,
@@ -214,6 +219,7 @@ def _forward_jacobian(f, sources, *, use_pfor, parallel_iterations, fallback_to_
 
 # {{{ batch_jacobian, hessian
 
+@_library_code
 def batch_jacobian(f_or_target: Callable[[tf.Tensor], tf.Tensor] | tf.Tensor, source, *,
                    tape: tf.GradientTape | None = None, use_pfor: bool = True,
                    parallel_iterations: int | None = None,
@@ -266,6 +272,7 @@ def _batch_jacobian(target, source, tape, **opts):
     return out
 
 
+@_library_code
 def hessian(f: Callable[..., tf.Tensor], x, *, use_pfor: bool = True,
             parallel_iterations: int | None = None,
             fallback_to_while_loop: bool = True) -> tf.Tensor:
@@ -293,6 +300,7 @@ def hessian(f: Callable[..., tf.Tensor], x, *, use_pfor: bool = True,
 
 # {{{ per-example gradients
 
+@_library_code
 def per_example_gradients(loss_fn: Callable[[Any], tf.Tensor], variables: Sequence[tf.Variable],
                           batch: Any, *, use_pfor: bool = True,
                           parallel_iterations: int | None = None,

@@ -1,0 +1,81 @@
+"""Per-example gradients (paper Figure 2): examples/s vs batch size.
+
+MNIST convnet and an LSTM over length-10 sequences (a ``tf.while_loop`` over time, so the
+gradient contains a while loop too).  Implementations, each inside one ``tf.function``:
+
+- ``tfx_vec``: ``tfx_vec.per_example_gradients`` (pfor over the examples);
+- ``while_loop``: the same loss and ``tape.gradient`` per example in a ``tf.map_fn`` loop;
+- ``tf.vectorized_map``: TensorFlow's own pfor over the same per-example function.
+
+Run: ``.venv/bin/python -m benchmarks [--quick] per_example_gradients``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import _pfor_models as M
+from benchmarks.harness import Report
+from tfx_vec.pfor.gradients import per_example_gradients
+
+
+def _cases(quick: bool):
+    rng = np.random.default_rng(0)
+    if quick:
+        mnist = M.mnist_params(channels=(4, 8), hidden=32)
+        lstm, d_in = M.lstm_params(16, 32, d_out=10), 16
+        batches = [8, 32]
+    else:
+        mnist = M.mnist_params(channels=(16, 32), hidden=256)
+        lstm, d_in = M.lstm_params(64, 128, d_out=10), 64
+        batches = [1, 8, 32, 128, 256]
+
+    def mnist_loss(example):
+        image, label = example
+        logits = M.mnist_logits(mnist, image)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
+
+    def lstm_loss(example):
+        xs, label = example
+        h = M.lstm_while(lstm, xs, tf.shape(xs)[0])
+        logits = tf.linalg.matvec(lstm[2], h, transpose_a=True)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
+
+    for b in batches:
+        labels = tf.constant(rng.integers(0, 10, size=[b]).astype(np.int32))
+        images = tf.constant(rng.normal(size=[b, 28, 28, 1]).astype(np.float32))
+        seqs = tf.constant(rng.normal(size=[b, 10, d_in]).astype(np.float32))
+        yield f"mnist b={b}", mnist_loss, mnist, (images, labels), b
+        yield f"lstm10 b={b}", lstm_loss, lstm, (seqs, labels), b
+
+
+def _tf_vectorized_map(loss_fn, variables, batch):
+    def one(example):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(example)
+        return tape.gradient(loss, variables)
+    return tf.vectorized_map(one, batch)
+
+
+def run(quick: bool) -> Report:
+    report = Report("per_example_gradients", unit="examples/s", ours="tfx_vec",
+                    higher_is_better=True,
+                    notes="CPU; per-example gradients of all parameters; each implementation "
+                          "is one tf.function, timed after warm-up (tracing excluded).")
+    repeats, warmup = (3, 1) if quick else (5, 2)
+    for case, loss_fn, variables, batch, b in _cases(quick):
+        impls = {
+            "tfx_vec": tf.function(lambda batch, f=loss_fn, v=variables:
+                                   per_example_gradients(f, v, batch)),
+            "while_loop": tf.function(lambda batch, f=loss_fn, v=variables:
+                                      per_example_gradients(f, v, batch, use_pfor=False)),
+            "tf.vectorized_map": tf.function(lambda batch, f=loss_fn, v=variables:
+                                             _tf_vectorized_map(f, v, batch)),
+        }
+        for name, fn in impls.items():
+            try:
+                report.measure(case, name, lambda fn=fn, batch=batch: fn(batch), items=b,
+                               repeats=repeats, warmup=warmup)
+            except Exception as e:  # a peer that cannot run this case gets no row
+                report.notes += f"\n{case} {name}: failed ({type(e).__name__}: {str(e)[:120]})"
+    return report
