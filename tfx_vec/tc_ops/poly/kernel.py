@@ -40,7 +40,7 @@ from ..lang.ranges import Ranges
 from ..lang.sema import CheckedDef, CheckedStmt
 from ..options import MappingOptions
 
-__all__ = ["PolyStmt", "PolyKernel", "build_kernel", "affine_to_isl", "annotate_cpu",
+__all__ = ["PolyStmt", "PolyKernel", "build_kernel", "affine_to_isl", "isl_name", "annotate_cpu",
            "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
 
 MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
@@ -92,12 +92,24 @@ class PolyKernel:
         return sc.compute_schedule()
 
 
+_ISL_KEYWORDS = {"and", "or", "not", "mod", "min", "max", "floor", "ceil", "exists", "true",
+                 "false", "infty", "NaN", "domain", "range", "implies", "xor", "rat", "cond",
+                 "select"}
+
+
+def isl_name(name: str) -> str:
+    """The isl identifier of a TC tensor or index name (TC allows "2LUT", "mod", ...)."""
+    if name[0].isdigit() or name in _ISL_KEYWORDS or name.startswith("__tc_"):
+        return "__tc_" + name
+    return name
+
+
 def affine_to_isl(e: A.Expr, consts: dict) -> str | None:
     """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None."""
     if isinstance(e, A.IntLit):
         return str(e.value)
     if isinstance(e, A.Ident):
-        return str(consts[e.name]) if e.name in consts else e.name
+        return str(consts[e.name]) if e.name in consts else isl_name(e.name)
     if isinstance(e, A.Unary) and e.op in "+-":
         x = affine_to_isl(e.operand, consts)
         return None if x is None else f"({e.op}{x})"
@@ -128,11 +140,14 @@ def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
     depth = max(len(cs.all_vars) for cs in cdef.stmts)
     shapes = ranges.shapes
 
-    def whole(stmt_name, vars_, tensor) -> str:
-        outs = [f"o{i}" for i in range(len(shapes[tensor]))]
-        bounds = " and ".join(f"0 <= o{i} < {n}" for i, n in enumerate(shapes[tensor]))
-        return f"{stmt_name}[{', '.join(vars_)}] -> {tensor}[{', '.join(outs)}]" + \
+    def whole(tup, tensor) -> str:
+        outs = [f"__o{i}" for i in range(len(shapes[tensor]))]
+        bounds = " and ".join(f"0 <= __o{i} < {n}" for i, n in enumerate(shapes[tensor]))
+        return f"{tup} -> {isl_name(tensor)}[{', '.join(outs)}]" + \
             (f" : {bounds}" if bounds else "")
+
+    def acc(tup, tensor, subs) -> str:
+        return f"{tup} -> {isl_name(tensor)}[{', '.join(subs)}]"
 
     for cs, sr in zip(cdef.stmts, ranges.stmt_ranges):
         s = cs.stmt
@@ -144,22 +159,22 @@ def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
             name = f"S{cs.index}" + ("_init" if kind == "init" else "")
             rr = tuple(sr[v] for v in vars_)
             stmts.append(PolyStmt(name, kind, cs, vars_, rr))
-            tup = f"{name}[{', '.join(vars_)}]"
-            dom.append(f"{tup} : {_box(vars_, rr)}")
-            wr.append(f"{tup} -> {s.lhs}[{', '.join(s.lhs_indices)}]")
+            ivars = [isl_name(v) for v in vars_]
+            lhs_idx = [isl_name(v) for v in s.lhs_indices]
+            tup = f"{name}[{', '.join(ivars)}]"
+            dom.append(f"{tup} : {_box(ivars, rr)}")
+            wr.append(acc(tup, s.lhs, lhs_idx))
             pos = 2 * cs.index + (0 if kind == "init" else 1)
-            sched = [str(pos)] + list(vars_) + ["0"] * (depth - len(vars_))
+            sched = [str(pos)] + ivars + ["0"] * (depth - len(vars_))
             orig.append(f"{tup} -> [{', '.join(sched)}]")
             if kind == "init":
                 continue
             if kind == "update":
-                rd.append(f"{tup} -> {s.lhs}[{', '.join(s.lhs_indices)}]")
+                rd.append(acc(tup, s.lhs, lhs_idx))
             for r in cs.reads:
                 subs = [affine_to_isl(a, consts) for a in r.args]
-                if any(x is None for x in subs):
-                    rd.append(whole(name, vars_, r.name))
-                else:
-                    rd.append(f"{tup} -> {r.name}[{', '.join(subs)}]")
+                rd.append(whole(tup, r.name) if any(x is None for x in subs) else
+                          acc(tup, r.name, subs))
 
     def umap(items):
         return isl.UnionMap.read_from_str(ctx, "{ " + "; ".join(items) + " }")
