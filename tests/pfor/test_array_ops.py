@@ -64,6 +64,18 @@ ONE_INPUT = [
     ("Range", lambda x: tf.range(x[0], x[0] + 4), a(2, dtype=np.int32)),
     ("Range-float", lambda x: tf.range(x[0], x[0] + 2.0, 0.5), a(2)),
     ("LinSpace", lambda x: tf.linspace(x[0], x[1], 5), a(2)),
+    ("Bucketize", lambda x: tf.raw_ops.Bucketize(input=x, boundaries=[-1.0, 0.0, 0.5]), a(2, 3)),
+    ("RGBToHSV/HSVToRGB", lambda x: tf.image.hsv_to_rgb(tf.image.rgb_to_hsv(tf.abs(x))),
+     a(2, 3, low=0.1, high=1.0)),
+    ("AdjustContrast/Hue/Saturation", lambda x: tf.image.adjust_contrast(
+        tf.image.adjust_saturation(tf.image.adjust_hue(x, 0.2), 0.5), 0.7),
+     a(2, 2, 3, low=0.1, high=1.0)),
+    ("SpaceToDepth/DepthToSpace", lambda x: tf.nn.depth_to_space(
+        tf.nn.space_to_depth(x, 2) * 2.0, 2), a(2, 4, 4, 3)),
+    ("ResizeBilinear/Nearest", lambda x: tf.image.resize(x, [3, 5]) + tf.image.resize(
+        x, [3, 5], method="nearest"), a(2, 4, 4, 1)),
+    ("ExtractImagePatches", lambda x: tf.image.extract_patches(
+        x, [1, 2, 2, 1], [1, 1, 1, 1], [1, 1, 1, 1], "VALID"), a(1, 3, 3, 2)),
     ("Assert", lambda x: tf.identity(x) if tf.debugging.assert_less(x, 100.0) is None else x, a(2)),
 ]
 
@@ -87,6 +99,7 @@ TWO_INPUTS = [
     ("Gather-v1", lambda p, i: tf.raw_ops.Gather(params=p, indices=i), a(3, 2), IDX),
     ("GatherNd", lambda p, i: tf.gather_nd(p, i), a(2, 2, 2),
      np.array([[0, 1], [1, 0], [1, 1]], np.int32)),
+    ("Cross", tf.linalg.cross, a(2, 3), a(2, 3)),
     ("MatrixSetDiag", lambda x, d: tf.linalg.set_diag(x, d), a(3, 3), a(3)),
     ("MatrixSetDiagV3-k", lambda x, d: tf.linalg.set_diag(x, d, k=1), a(3, 3), a(2)),
     ("BroadcastArgs", lambda x, y: tf.raw_ops.BroadcastArgs(s0=tf.shape(x) * 0 + tf.abs(y[:2]) + 1,

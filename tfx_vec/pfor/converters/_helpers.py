@@ -298,6 +298,19 @@ def reduction(*op_types: str, axis_input: int = 1) -> None:
         return reemit_stacked(x, inputs)
     _family(op_types, _reduction)
 
+def batch_folding(*op_types: str) -> None:
+    """Register ops whose input 0 is ``[batch, ...]`` with independent batch rows (images):
+    fold ``[n, b, ...] -> [n*b, ...]``, run the op, unfold every output.  The other inputs
+    must be loop-invariant."""
+
+    def _batch_folding(x: ConversionInput):
+        if not x.is_stacked(0) or any(w.is_stacked for w in x.inputs[1:]):
+            return None
+        flat, lead = fold_batch(x.input(0).t)
+        outs = create_op_like(x.op, [flat] + [w.t for w in x.inputs[1:]])
+        return stacked(*(unfold_batch(o, lead, x.input(0).t.shape[:2]) for o in outs))
+    _family(op_types, _batch_folding)
+
 # }}}
 
 

@@ -15,13 +15,18 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (align_ranks, create_op_like, elementwise,
+from tfx_vec.pfor.converters._helpers import (align_ranks, batch_folding, create_op_like,
+                                              elementwise, same_shape,
                                               expand_after_batch, move_axis, per_iteration_rank,
                                               reemit_stacked, shift_axis, stacked, static_value)
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
-elementwise("MatrixDiag", "MatrixDiagPart")
+elementwise("MatrixDiag", "MatrixDiagPart", "Bucketize", "RGBToHSV", "HSVToRGB",
+            "AdjustContrastv2", "AdjustHue", "AdjustSaturation")
+same_shape("Cross")
+batch_folding("SpaceToDepth", "DepthToSpace", "ResizeBilinear", "ResizeNearestNeighbor",
+              "ResizeBicubic", "ResizeArea", "ExtractImagePatches", "Dilation2D")
 
 
 def _invariant(x: ConversionInput, *indices: int) -> bool:
