@@ -117,6 +117,14 @@ def test_fused_batch_norm_grad():
              combos=combos)
 
 
+def test_strided_slice_grad():
+    x = rand(4, 3, 5)
+    for fn, dy in [(lambda a: a[1:, ::2], rand(3, 2, 5)),
+                   (lambda a: a[:, 1, tf.newaxis, -3:], rand(4, 1, 3)),
+                   (lambda a: a[..., 0], rand(4, 3))]:
+        check_op(vjp(fn), [x, dy])
+
+
 def test_broadcast_gradient_args():
     s0, s1 = np.array([2, 1, 3], np.int32), np.array([4, 1], np.int32)
     op = lambda a, b: R.BroadcastGradientArgs(s0=a, s1=b)  # noqa: E731

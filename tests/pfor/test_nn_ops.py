@@ -12,6 +12,8 @@ from typing import Callable
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tfx_vec
 from tests.pfor.oracle import check_op, check_pfor
@@ -100,6 +102,39 @@ def test_conv2d_is_one_op_without_tiling():
         types = pfor_op_types(body, 5)
         assert types["Conv2D"] == 1, types
         assert not {"While", "StatelessWhile", "Tile"} & set(types), types
+
+
+@settings(max_examples=6)
+@given(data=st.data())
+def test_conv2d_random_shapes(data):
+    """Random shapes, strides, dilations, paddings and stacked/invariant operands."""
+    b, h, w, ci, co = (data.draw(st.integers(1, 4)) for _ in range(5))
+    kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    stride = data.draw(st.integers(1, 2))
+    dilation = 1 if stride > 1 else data.draw(st.integers(1, 2))
+    padding = data.draw(st.sampled_from(["SAME", "VALID"]))
+    if padding == "VALID":
+        h, w = h + (kh - 1) * dilation, w + (kw - 1) * dilation
+    combo = data.draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+    check_op(lambda a, f: tf.nn.conv2d(a, f, stride, padding, dilations=dilation),
+             [rand(b, h, w, ci), rand(kh, kw, ci, co)], combos=[combo], modes=("eager",),
+             rtol=1e-4, atol=1e-4)
+
+
+def test_empty_loop():
+    """iters == 0: no kernel runs on zero channels/groups; outputs are [0, ...]."""
+    x, f = gathered(rand(2, 1, 5, 5, 2)), gathered(rand(2, 3, 3, 2, 3))
+    x0, f0 = tf.constant(rand(1, 5, 5, 2)), tf.constant(rand(3, 3, 2, 3))
+    bodies = {"conv": lambda i: tf.nn.conv2d(x(i), f(i), 1, "SAME"),
+              "conv_filter": lambda i: tf.nn.conv2d(x0, f(i), 1, "SAME"),
+              "depthwise": lambda i: tf.nn.depthwise_conv2d(x(i), f(i), [1] * 4, "SAME"),
+              "batch_norm": lambda i: tf.compat.v1.nn.fused_batch_norm(
+                  x(i), f0[0, 0, :, 0], f0[0, 0, :, 1])}
+    for name, body in bodies.items():
+        out = tfx_vec.pfor(body, 0, fallback_to_while_loop=False)
+        ref = body(tf.constant(0))
+        for o, r in zip(tf.nest.flatten(out), tf.nest.flatten(ref)):
+            assert o.shape.as_list() == [0] + r.shape.as_list(), name
 
 
 def test_nchw_stacked_filter_is_reported():

@@ -37,11 +37,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import create_op_like, same_shape
-from tfx_vec.pfor.converters.nn_ops import (batch_norm_channel_folded, channel_axis,
+from tfx_vec.pfor.converters.nn_ops import (batch_norm_channel_folded, channel_axis, converter,
                                            fold_emit, fold_into_channels, scale_dim,
                                            static_dim, unfold_from_channels)
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
 same_shape("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
            "SoftsignGrad", "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad",
@@ -50,20 +50,20 @@ same_shape("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "Sof
 
 # {{{ pooling and LRN
 
-@register_converter("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad", "MaxPoolGradGrad",
+@converter("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad", "MaxPoolGradGrad",
                     "MaxPoolGradGradV2", "MaxPool3DGradGrad", "LRNGrad")
 def _pool_grad(x: ConversionInput):
     return fold_emit(x, [0, 1, 2])
 
 
-@register_converter("MaxPoolGradWithArgmax")
+@converter("MaxPoolGradWithArgmax")
 def _max_pool_grad_with_argmax(x: ConversionInput):
     if x.attr("include_batch_in_index"):
         return None
     return fold_emit(x, [0, 1, 2])
 
 
-@register_converter("AvgPoolGrad", "AvgPool3DGrad")
+@converter("AvgPoolGrad", "AvgPool3DGrad")
 def _avg_pool_grad(x: ConversionInput):
     # (orig_input_shape, grad): the shape's batch entry grows by n.
     if x.is_stacked(0):
@@ -133,27 +133,27 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
     return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
 
 
-@register_converter("Conv2DBackpropInput")
+@converter("Conv2DBackpropInput")
 def _conv2d_backprop_input(x: ConversionInput):
     return _conv_backprop_input(x, 2, grouped_ok=True)
 
 
-@register_converter("Conv3DBackpropInputV2")
+@converter("Conv3DBackpropInputV2")
 def _conv3d_backprop_input(x: ConversionInput):
     return _conv_backprop_input(x, 3, grouped_ok=False)
 
 
-@register_converter("Conv2DBackpropFilter")
+@converter("Conv2DBackpropFilter")
 def _conv2d_backprop_filter(x: ConversionInput):
     return _conv_backprop_filter(x, 2, grouped_ok=True)
 
 
-@register_converter("Conv3DBackpropFilterV2")
+@converter("Conv3DBackpropFilterV2")
 def _conv3d_backprop_filter(x: ConversionInput):
     return _conv_backprop_filter(x, 3, grouped_ok=False)
 
 
-@register_converter("DepthwiseConv2dNativeBackpropInput")
+@converter("DepthwiseConv2dNativeBackpropInput")
 def _depthwise_backprop_input(x: ConversionInput):
     if x.is_stacked(0):
         return None
@@ -168,7 +168,7 @@ def _depthwise_backprop_input(x: ConversionInput):
     return [WrappedTensor(unfold_from_channels(out, c, n, sizes[c]), True)]
 
 
-@register_converter("DepthwiseConv2dNativeBackpropFilter")
+@converter("DepthwiseConv2dNativeBackpropFilter")
 def _depthwise_backprop_filter(x: ConversionInput):
     if x.is_stacked(1):
         return None
@@ -186,12 +186,12 @@ def _depthwise_backprop_filter(x: ConversionInput):
 
 # {{{ normalization, bias, broadcasting
 
-@register_converter("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
+@converter("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 def _fused_batch_norm_grad(x: ConversionInput):
     return batch_norm_channel_folded(x, 2)
 
 
-@register_converter("BiasAddGrad")
+@converter("BiasAddGrad")
 def _bias_add_grad(x: ConversionInput):
     grad = x.input(0).t
     rank = grad.shape.rank
@@ -203,7 +203,7 @@ def _bias_add_grad(x: ConversionInput):
     return [WrappedTensor(tf.reduce_sum(grad, axes), True)]
 
 
-@register_converter("StridedSliceGrad")
+@converter("StridedSliceGrad")
 def _strided_slice_grad(x: ConversionInput):
     # (shape, begin, end, strides, dy): one more leading dimension, taken whole.
     if any(x.is_stacked(i) for i in range(4)):
@@ -222,7 +222,7 @@ def _strided_slice_grad(x: ConversionInput):
     return [WrappedTensor(out[0], True)]
 
 
-@register_converter("BroadcastGradientArgs")
+@converter("BroadcastGradientArgs")
 def _broadcast_gradient_args(x: ConversionInput):
     # Shape vectors that depend on the loop index only nominally (equal in every iteration):
     # checked at run time, then computed once.

@@ -33,14 +33,15 @@ import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import (align_ranks, create_op_like, move_axis,
                                              reemit_stacked)
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+from tfx_vec.pfor.converters.nn_ops import converter
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
 #: For each decomposition, the output that is empty unless the named bool attr is set.
 _OPTIONAL_OUTPUTS = {"Svd": ("compute_uv", (1, 2)), "SelfAdjointEigV2": ("compute_v", (1,)),
                      "Eig": ("compute_v", (1,))}
 
 
-@register_converter("Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant",
+@converter("Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant",
                     "Qr", "Svd", "SelfAdjointEigV2", "Eig", "Lu", "MatrixSquareRoot",
                     "MatrixLogarithm")
 def _batch_matrix_op(x: ConversionInput):
@@ -88,11 +89,11 @@ def _solve(x: ConversionInput, *, broadcasts: bool) -> list[WrappedTensor] | Non
     return reemit_stacked(x, [matrix.t, x.stacked_input(1)] + extras)
 
 
-@register_converter("MatrixTriangularSolve")
+@converter("MatrixTriangularSolve")
 def _triangular_solve(x: ConversionInput):
     return _solve(x, broadcasts=True)
 
 
-@register_converter("MatrixSolve", "MatrixSolveLs", "TridiagonalSolve")
+@converter("MatrixSolve", "MatrixSolveLs", "TridiagonalSolve")
 def _matrix_solve(x: ConversionInput):
     return _solve(x, broadcasts=False)

@@ -34,18 +34,41 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, move_axis,
-                                             reemit_stacked, stacked, static_value,
-                                             unfold_batch)
+from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
+                                             move_axis, reemit_stacked, stacked, unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
 
-# {{{ folding utilities (shared with grad_ops)
+# {{{ registration and folding utilities (shared with the other P2 modules)
+
+def empty_outputs(x: ConversionInput) -> list[WrappedTensor] | None:
+    """With a static loop length of 0: an empty ``[0, ...]`` value per output, else None."""
+    if loop_len_static(x) != 0 or not all(o.shape.is_fully_defined() for o in x.op.outputs):
+        return None
+    return stacked(*[tf.zeros([0] + o.shape.as_list(), o.dtype) for o in x.op.outputs])
+
+
+def converter(*op_types: str) -> Callable[[Callable], Callable]:
+    """``register_converter`` for this family, plus the empty loop (``iters == 0``).
+
+    Folding zero iterations into channels or groups would ask kernels for zero groups, so an
+    empty loop short-circuits to empty outputs of the right per-iteration shape.
+    """
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def guarded_fn(x: ConversionInput):
+            empty = empty_outputs(x)
+            return fn(x) if empty is None else empty
+        register_converter(*op_types)(guarded_fn)
+        return fn
+    return decorate
+
 
 def invariant_except(x: ConversionInput, indices: Sequence[int]) -> bool:
     """True when every input outside ``indices`` is loop-invariant."""
@@ -116,11 +139,17 @@ def unfold_from_channels(t: tf.Tensor, c_axis: int, n: tf.Tensor,
     return move_axis(tf.reshape(t, split), c_axis, 0)
 
 
-def split_leading(t: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
-    """``[n*k, ...] -> [n, k, ...]`` for outputs of an op run on channel-folded inputs."""
+def split_leading(t: tf.Tensor, n: tf.Tensor, like: tf.Tensor | None = None) -> tf.Tensor:
+    """``[n*k, ...] -> [n, k, ...]`` for outputs of an op run on iteration-folded inputs.
+
+    ``like`` is the original op's output: its static per-iteration shape, when known, is
+    used (it stays right when ``n`` is 0).
+    """
+    n = tf.reshape(tf.cast(n, tf.int32), [1])
+    if like is not None and like.shape.is_fully_defined():
+        return tf.reshape(t, tf.concat([n, like.shape.as_list()], 0))
     shape = tf.shape(t)
-    n = tf.cast(n, tf.int32)
-    return tf.reshape(t, tf.concat([[n, shape[0] // tf.maximum(n, 1)], shape[1:]], 0))
+    return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
 
 
 def channel_axis(x: ConversionInput, spatial_rank: int) -> int | None:
@@ -170,17 +199,17 @@ def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[Wr
     return [WrappedTensor(unfold_from_channels(out, c, n, c_out), True)]
 
 
-@register_converter("Conv2D")
+@converter("Conv2D")
 def _conv2d(x: ConversionInput):
     return _conv_forward(x, 2, grouped_ok=True)
 
 
-@register_converter("Conv3D")
+@converter("Conv3D")
 def _conv3d(x: ConversionInput):
     return _conv_forward(x, 3, grouped_ok=False)
 
 
-@register_converter("DepthwiseConv2dNative")
+@converter("DepthwiseConv2dNative")
 def _depthwise_conv2d(x: ConversionInput):
     if not x.is_stacked(1):
         return fold_emit(x, [0])
@@ -205,7 +234,7 @@ def _swap_batch_blocks(t: tf.Tensor, first: tf.Tensor, second: tf.Tensor) -> tf.
     return tf.reshape(tf.transpose(split, perm), shape)
 
 
-@register_converter("SpaceToBatchND")
+@converter("SpaceToBatchND")
 def _space_to_batch(x: ConversionInput):
     # Dilated convolutions are built from this pair.  Output batch rows are ordered
     # (block offset, image); with the iterations folded into the images they come out as
@@ -221,7 +250,7 @@ def _space_to_batch(x: ConversionInput):
                           True)]
 
 
-@register_converter("BatchToSpaceND")
+@converter("BatchToSpaceND")
 def _batch_to_space(x: ConversionInput):
     if not invariant_except(x, [0]):
         return None
@@ -238,48 +267,48 @@ def _batch_to_space(x: ConversionInput):
 
 # {{{ pooling, LRN, top-k, softmax
 
-@register_converter("MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "MaxPoolV2", "LRN")
+@converter("MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "MaxPoolV2", "LRN")
 def _pool(x: ConversionInput):
     return fold_emit(x, [0])
 
 
-@register_converter("MaxPoolWithArgmax")
+@converter("MaxPoolWithArgmax")
 def _max_pool_with_argmax(x: ConversionInput):
     if x.attr("include_batch_in_index"):
         return None  # flat indices would count images of earlier iterations
     return fold_emit(x, [0])
 
 
-@register_converter("Softmax", "LogSoftmax")
+@converter("Softmax", "LogSoftmax")
 def _softmax(x: ConversionInput):
     return reemit_stacked(x, [x.input(0).t])
 
 
-@register_converter("TopKV2", "NthElement")
+@converter("TopKV2", "NthElement")
 def _top_k(x: ConversionInput):
     if x.is_stacked(1):
         return None  # k / n differs per iteration: the output shape would too
     return reemit_stacked(x, [x.input(0).t, x.input(1).t])
 
 
-@register_converter("TopK")
+@converter("TopK")
 def _top_k_v1(x: ConversionInput):
     return reemit_stacked(x, [x.input(0).t])
 
 
-@register_converter("L2Loss")
+@converter("L2Loss")
 def _l2_loss(x: ConversionInput):
     t = x.input(0).t
     axes = tf.range(1, tf.rank(t))
     return [WrappedTensor(tf.reduce_sum(tf.square(t), axes) / tf.cast(2, t.dtype), True)]
 
 
-@register_converter("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+@converter("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
 def _softmax_xent(x: ConversionInput):
     return fold_emit(x, [0, 1])
 
 
-@register_converter("InTopKV2", "InTopK")
+@converter("InTopKV2", "InTopK")
 def _in_top_k(x: ConversionInput):
     return fold_emit(x, [0, 1])
 
@@ -288,7 +317,7 @@ def _in_top_k(x: ConversionInput):
 
 # {{{ bias
 
-@register_converter("BiasAdd", "BiasAddV1")
+@converter("BiasAdd", "BiasAddV1")
 def _bias_add(x: ConversionInput):
     value, bias = x.input(0), x.input(1)
     fmt = x.attr("data_format") if x.op_type == "BiasAdd" else b"NHWC"
@@ -332,10 +361,11 @@ def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[Wrapped
     inputs += [tf.reshape(x.stacked_input(i), [-1]) for i in range(n_images, len(x.inputs))]
     outs = create_op_like(x.op, inputs)
     first = unfold_from_channels(outs[0], c, n, tf.shape(x.op.inputs[0])[c])
-    return stacked(first, *[split_leading(o, n) for o in outs[1:]])
+    return stacked(first, *[split_leading(o, n, like)
+                            for o, like in zip(outs[1:], x.op.outputs[1:])])
 
 
-@register_converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+@converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 def _fused_batch_norm(x: ConversionInput):
     if not x.attr("is_training") and invariant_except(x, [0]):
         # Population statistics: rows are independent, fold into the batch.  The other

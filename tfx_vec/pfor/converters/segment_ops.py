@@ -37,9 +37,9 @@ from typing import Sequence
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch, stacked, unfold_batch
-from tfx_vec.pfor.converters.nn_ops import split_leading
+from tfx_vec.pfor.converters.nn_ops import converter, split_leading
 from tfx_vec.pfor.errors import runtime_message
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
 
 # {{{ utilities
@@ -100,16 +100,16 @@ def _num_segments_from_ids(x: ConversionInput, ids_index: int) -> tuple[tf.Tenso
     return num, [check_rows_equal(x, row_max(ids.t), "the number of segments (max id + 1)")]
 
 
-@register_converter("SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd")
+@converter("SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd")
 def _segment(x: ConversionInput):
     num, checks = _num_segments_from_ids(x, 1)
     data = flatten_rows(x.stacked_input(0))
     ids = tf.reshape(offset_ids(x.stacked_input(1), num), [-1])
     out = create_op_like(x.op, [data, ids])[0]
-    return stacked(*guarded([split_leading(out, x.loop_len)], checks))
+    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
 
 
-@register_converter("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
+@converter("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
                     "UnsortedSegmentProd")
 def _unsorted_segment(x: ConversionInput):
     if x.is_stacked(2):
@@ -119,13 +119,13 @@ def _unsorted_segment(x: ConversionInput):
     ids = offset_ids(x.stacked_input(1), num)
     total = num * tf.cast(x.loop_len, num.dtype)
     out = create_op_like(x.op, [x.stacked_input(0), ids, total])[0]
-    return [WrappedTensor(split_leading(out, x.loop_len), True)]
+    return [WrappedTensor(split_leading(out, x.loop_len, x.op.outputs[0]), True)]
 
 
 _SPARSE_SEGMENT = ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN")
 
 
-@register_converter(*_SPARSE_SEGMENT, *(t + "WithNumSegments" for t in _SPARSE_SEGMENT))
+@converter(*_SPARSE_SEGMENT, *(t + "WithNumSegments" for t in _SPARSE_SEGMENT))
 def _sparse_segment(x: ConversionInput):
     with_num = x.op_type.endswith("WithNumSegments")
     if with_num and x.is_stacked(3):
@@ -144,10 +144,10 @@ def _sparse_segment(x: ConversionInput):
     ids = tf.reshape(offset_ids(x.stacked_input(2), num), [-1])
     extra = [num * tf.cast(x.loop_len, num.dtype)] if with_num else []
     out = create_op_like(x.op, [data_t, tf.reshape(indices, [-1]), ids] + extra)[0]
-    return stacked(*guarded([split_leading(out, x.loop_len)], checks))
+    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
 
 
-@register_converter("SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad")
+@converter("SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad")
 def _sparse_segment_grad(x: ConversionInput):
     # (grad [S, ...], indices [k], segment_ids [k], output_dim0) -> [output_dim0, ...]
     if x.is_stacked(3):
@@ -160,7 +160,7 @@ def _sparse_segment_grad(x: ConversionInput):
     total = dim0 * tf.cast(x.loop_len, dim0.dtype)
     out = create_op_like(x.op, [flatten_rows(grad), tf.reshape(indices, [-1]),
                                 tf.reshape(ids, [-1]), total])[0]
-    return [WrappedTensor(split_leading(out, x.loop_len), True)]
+    return [WrappedTensor(split_leading(out, x.loop_len, x.op.outputs[0]), True)]
 
 # }}}
 
@@ -176,14 +176,14 @@ def prepend_iteration_index(indices: tf.Tensor) -> tf.Tensor:
     return tf.concat([iota, indices], -1)
 
 
-@register_converter("TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub",
+@converter("TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub",
                     "TensorScatterMax", "TensorScatterMin")
 def _tensor_scatter(x: ConversionInput):
     indices = prepend_iteration_index(x.stacked_input(1))
     return stacked(*create_op_like(x.op, [x.stacked_input(0), indices, x.stacked_input(2)]))
 
 
-@register_converter("ScatterNd")
+@converter("ScatterNd")
 def _scatter_nd(x: ConversionInput):
     if x.is_stacked(2):
         return None  # per-iteration output shapes
@@ -197,7 +197,7 @@ def _scatter_nd(x: ConversionInput):
 
 # {{{ stitch, partition, bincount
 
-@register_converter("DynamicStitch", "ParallelDynamicStitch")
+@converter("DynamicStitch", "ParallelDynamicStitch")
 def _dynamic_stitch(x: ConversionInput):
     k = len(x.inputs) // 2
     index_inputs = x.inputs[:k]
@@ -214,10 +214,10 @@ def _dynamic_stitch(x: ConversionInput):
     indices = [offset_ids(x.stacked_input(j), num) for j in range(k)]
     data = [x.stacked_input(k + j) for j in range(k)]
     out = create_op_like(x.op, indices + data)[0]
-    return stacked(*guarded([split_leading(out, x.loop_len)], checks))
+    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
 
 
-@register_converter("DynamicPartition")
+@converter("DynamicPartition")
 def _dynamic_partition(x: ConversionInput):
     num_partitions = x.attr("num_partitions")
     partitions = x.input(1)
@@ -227,7 +227,7 @@ def _dynamic_partition(x: ConversionInput):
         flat = tf.reshape(partitions.t, tf.stack([tf.shape(partitions.t)[0], -1]))
         counts = tf.reduce_sum(tf.one_hot(flat, num_partitions, dtype=tf.int32), axis=1)
         checks.append(check_rows_equal(x, counts, "the size of a partition"))
-    return stacked(*guarded([split_leading(o, x.loop_len) for o in outs], checks))
+    return stacked(*guarded([split_leading(o, x.loop_len, like) for o, like in zip(outs, x.op.outputs)], checks))
 
 
 def _bincount_size(x: ConversionInput) -> tuple[tf.Tensor, list]:
@@ -239,7 +239,7 @@ def _bincount_size(x: ConversionInput) -> tuple[tf.Tensor, list]:
     return tf.reduce_max(size.t), [check_rows_equal(x, size.t, "the number of bins")]
 
 
-@register_converter("Bincount")
+@converter("Bincount")
 def _bincount(x: ConversionInput):
     # (arr, size, weights): per iteration arr is any shape; weights has its shape or is empty.
     size, checks = _bincount_size(x)
@@ -252,7 +252,7 @@ def _bincount(x: ConversionInput):
     return stacked(*guarded([out], checks))
 
 
-@register_converter("DenseBincount")
+@converter("DenseBincount")
 def _dense_bincount(x: ConversionInput):
     # (input [m] or [b, m], size, weights same shape or empty): rows are counted independently.
     rank = x.op.inputs[0].shape.rank
