@@ -20,4 +20,6 @@ from tfx_vec.pfor import (VectorizationError, fallback_report, register_converte
                           reset_fallbacks, vectorized_map)
 
 # --- pfor gradients (P3): jacobian, batch_jacobian, hessian, per_example_gradients go here ---
+from tfx_vec.pfor.gradients import (batch_jacobian, hessian, jacobian,  # noqa: E402
+                                    per_example_gradients)
 # --- end pfor gradients ---
