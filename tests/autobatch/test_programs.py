@@ -13,6 +13,12 @@ RUNTIMES = [
     ("program_counter", {"runtime": "program_counter"}),
     ("program_counter_xla", {"runtime": "program_counter", "jit_compile": True}),
 ]
+SCHEDULERS = [
+    ("sweep_xla", {"jit_compile": True, "scheduler": "sweep"}),
+    ("sweep_guarded", {"scheduler": "sweep_guarded"}),
+    ("most_active", {"scheduler": "most_active"}),
+]
+SCHEDULER_CASES = [c for c in CASES if c[0] in ("ackermann", "nested_loops", "oscillate")]
 
 
 def _assert_same(got, want):
@@ -24,6 +30,13 @@ def _assert_same(got, want):
 @pytest.mark.parametrize("runtime,opts", RUNTIMES, ids=[r for r, _ in RUNTIMES])
 @pytest.mark.parametrize("name,fn,make", CASES, ids=[c[0] for c in CASES])
 def test_matches_per_member_reference(name, fn, make, runtime, opts):
+    args = make(np.random.default_rng(len(name)), 7)
+    _assert_same(fn(*args, **opts), reference(fn, *args))
+
+
+@pytest.mark.parametrize("scheduler,opts", SCHEDULERS, ids=[r for r, _ in SCHEDULERS])
+@pytest.mark.parametrize("name,fn,make", SCHEDULER_CASES, ids=[c[0] for c in SCHEDULER_CASES])
+def test_block_schedulers_match_reference(name, fn, make, scheduler, opts):
     args = make(np.random.default_rng(len(name)), 7)
     _assert_same(fn(*args, **opts), reference(fn, *args))
 

@@ -148,6 +148,7 @@ class _Runner:
         return pc
 
 
+@tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
         xla_blocks: bool = False, max_stack_depth: int = 32) -> Any:
     """Run a Function-IR program eagerly on batched ``args`` (Algorithm 1).

@@ -45,6 +45,7 @@ def _zeros(spec: Any, leading: tuple = ()) -> Any:
         lambda s: np.zeros(leading + tuple(s.shape.as_list()), s.dtype.as_numpy_dtype), spec)
 
 
+@tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, lowered: ir.Program, args: Sequence[Any], *,
         max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
     """Run ``lowered`` (from ``program``) on batched ``args``; returns NumPy arrays."""

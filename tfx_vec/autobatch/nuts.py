@@ -495,6 +495,19 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 reach_max_depth=reach_max, has_divergence=div, seed=next_seed)
             return new_state, results
 
+    def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
+        """A kernel with some parameters replaced.  Changing only ``step_size``,
+        ``num_trajectories_per_step``, ``runtime``, ``seed`` or ``name`` keeps the compiled
+        programs (they take those as inputs or options)."""
+        params = {**self.parameters, **override_parameter_kwargs}
+        new = type(self)(**params)
+        program_params = ("target_log_prob_fn", "max_tree_depth", "max_energy_diff",
+                          "unrolled_leapfrog_steps")
+        if all(params[k] is self.parameters[k] or params[k] == self.parameters[k]
+               for k in program_params):
+            new._programs = self._programs
+        return new
+
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _parts(state: Any) -> list[tf.Tensor]:

@@ -56,35 +56,46 @@ def _most_active(pc: tf.Tensor, halt: int) -> tf.Tensor:
     return tf.where(tf.reduce_max(counts) > 0, best, halt)
 
 
-SCHEDULERS: dict[str, Callable[[tf.Tensor, int], tf.Tensor]] = {
-    "earliest": _earliest, "most_active": _most_active}
+# Block selection.  "earliest"/"most_active" run one block per loop step through
+# tf.switch_case; "sweep" runs every block once per step in program order, each masked to the
+# members waiting at it (no dispatch, members flow through forward jumps within one step: best
+# for cheap blocks); "sweep_guarded" skips blocks no member waits at (tf.cond per block).
+SCHEDULERS: dict[str, Callable[[tf.Tensor, int], tf.Tensor] | None] = {
+    "earliest": _earliest, "most_active": _most_active, "sweep": None, "sweep_guarded": None}
 
 
-# {{{ stack helpers: one slot per member at its own stack pointer
-
-def _slots(sp: tf.Tensor, depth: int) -> tf.Tensor:
-    batch = tf.shape(sp)[0]
-    return tf.stack([tf.clip_by_value(sp, 0, depth - 1), tf.range(batch)], axis=1)
-
+# {{{ stack helpers: stacks are [batch, depth, ...]; one slot per member at its own pointer
 
 def _read_slot(stack: Any, sp: tf.Tensor, depth: int) -> Any:
-    idx = _slots(sp, depth)
-    return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+    slot = tf.clip_by_value(sp, 0, depth - 1)
+    return tf.nest.map_structure(lambda s: tf.gather(s, slot, axis=1, batch_dims=1), stack)
 
 
-def _write_slot(stack: Any, sp: tf.Tensor, value: Any, mask: tf.Tensor, depth: int) -> Any:
-    idx = _slots(sp, depth)
+def _apply_write(stack: Any, write: tuple) -> Any:
+    """One deferred write: ``stack[b, slot[b]] = value[b]`` where ``mask[b]``.
+
+    A one-hot select rather than a scatter: XLA's CPU scatter is a slow serial loop.
+    """
+    slot, mask, value = write
 
     def leaf(s, v):
-        old = tf.gather_nd(s, idx)
-        return tf.tensor_scatter_nd_update(s, idx, select(mask, v, old))
+        depth = s.shape[1]
+        hit = tf.logical_and(tf.equal(tf.range(depth)[None, :], slot[:, None]), mask[:, None])
+        hit = tf.reshape(hit, hit.shape.as_list() + [1] * (v.shape.rank - 1))
+        return tf.where(hit, tf.expand_dims(v, 1), s)
     return tf.nest.map_structure(leaf, stack, value)
 
 # }}}
 
 
 class _Machine:
-    """Builds the graph of the runtime for one lowered program and one set of types."""
+    """Builds the graph of the runtime for one lowered program and one set of types.
+
+    Blocks only *read* stacks; each returns at most one deferred write (slot, mask, value) per
+    stack it writes (lowering guarantees at most one push/update per variable per block, after
+    its reads), applied after the ``switch_case``, so the big stack buffers are never outputs
+    of the conditional (XLA would copy them every step).
+    """
 
     def __init__(self, program: ir.Program, types: Mapping[str, Any], depth: int):
         self.p, self.types, self.depth = program, types, depth
@@ -96,33 +107,48 @@ class _Machine:
                 raise TypeInferenceError(f"variable {v!r} has no type: it is read before any "
                                          "assignment on every path")
 
-    def initial_state(self, args: Sequence[Any], batch: int) -> dict:
+    def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
-        state = {
+        small = {
             "pc": tf.zeros([batch], tf.int32),
-            "pc_stack": tf.tensor_scatter_nd_update(
-                tf.zeros([d + 1, batch], tf.int32), [[0]], tf.fill([1, batch], self.halt)),
             "pc_sp": tf.ones([batch], tf.int32),
             "overflow": tf.zeros([batch], tf.bool),
             "vals": {v: zeros_of(self.types[v]) for v in self.registers + self.stacks},
-            "stack": {v: zeros_of(self.types[v], [d]) for v in self.stacks},
             "sp": {v: tf.zeros([batch], tf.int32) for v in self.stacks},
         }
         for v, a in zip(self.p.params, args):
-            state["vals"][v] = tf.nest.map_structure(
+            small["vals"][v] = tf.nest.map_structure(
                 lambda x, s: tf.cast(x, s.dtype), a, self.types[v])
-        return state
+        pc_stack = tf.concat([tf.fill([batch, 1], self.halt), tf.zeros([batch, d], tf.int32)],
+                             axis=1)
+        stacks = {v: tf.nest.map_structure(
+            lambda s: tf.zeros([batch, d] + s.shape.as_list()[1:], s.dtype), self.types[v])
+            for v in self.stacks}
+        return small, {"pc_stack": pc_stack, "stack": stacks}
 
-    def block(self, i: int, state: dict) -> dict:
+    def _no_write(self, v: str | None, batch: int) -> tuple:
+        value = tf.zeros([batch], tf.int32) if v is None else zeros_of(self.types[v])
+        return tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool), value
+
+    def no_writes(self, small: dict) -> dict:
+        batch = small["pc"].shape[0]
+        return {"pc_stack": self._no_write(None, batch),
+                "stack": {v: self._no_write(v, batch) for v in self.stacks}}
+
+    def block(self, i: int, small: dict, big: dict) -> tuple[dict, dict]:
         b = self.p.blocks[i]
-        batch = state["pc"].shape[0]
-        active = tf.equal(state["pc"], i)
-        vals, stack, sp = dict(state["vals"]), dict(state["stack"]), dict(state["sp"])
-        overflow = state["overflow"]
+        batch = small["pc"].shape[0]
+        active = tf.equal(small["pc"], i)
+        vals, sp = dict(small["vals"]), dict(small["sp"])
+        overflow = small["overflow"]
+        writes: dict[str, tuple] = {}
         temps: dict[str, Any] = {}
 
         def read(v):
             return temps[v] if v in temps else vals[v]
+
+        def write(v, slot, mask):
+            writes[v] = (slot, mask, vals[v])
 
         for op in b.ops:
             if isinstance(op, ir.Primitive):
@@ -138,7 +164,7 @@ class _Machine:
                 v = op.var
                 fits = sp[v] < self.depth
                 overflow = overflow | (active & ~fits)
-                stack[v] = _write_slot(stack[v], sp[v], vals[v], active & fits, self.depth)
+                write(v, sp[v], active & fits)
                 sp[v] = sp[v] + tf.cast(active & fits, tf.int32)
             elif isinstance(op, (ir.Pop, ir.Peek)):
                 v = op.var
@@ -147,11 +173,11 @@ class _Machine:
                     top = sp[v]
                 else:
                     top = sp[v] - 1
-                vals[v] = select(active, _read_slot(stack[v], top, self.depth), vals[v])
+                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v])
             elif isinstance(op, ir.Update):
-                v = op.var
-                stack[v] = _write_slot(stack[v], sp[v] - 1, vals[v], active, self.depth)
-        pc, pc_stack, pc_sp = state["pc"], state["pc_stack"], state["pc_sp"]
+                write(op.var, sp[op.var] - 1, active)
+        pc, pc_sp = small["pc"], small["pc_sp"]
+        pc_write = None
         t = b.terminator
         if isinstance(t, ir.Jump):
             pc = tf.where(active, t.target, pc)
@@ -162,39 +188,70 @@ class _Machine:
             fits = pc_sp < self.depth + 1
             overflow = overflow | (active & ~fits)
             ok = active & fits
-            pc_stack = _write_slot(pc_stack, pc_sp, tf.fill([batch], t.return_to), ok,
-                                   self.depth + 1)
+            pc_write = (pc_sp, ok, tf.fill([batch], t.return_to))
             pc_sp = pc_sp + tf.cast(ok, tf.int32)
             pc = tf.where(ok, t.target, pc)
         else:  # Return
             pc_sp = pc_sp - tf.cast(active, tf.int32)
-            pc = tf.where(active, _read_slot(pc_stack, pc_sp, self.depth + 1), pc)
+            pc = tf.where(active, _read_slot(big["pc_stack"], pc_sp, self.depth + 1), pc)
         pc = tf.where(overflow, self.halt, pc)
-        return {"pc": pc, "pc_stack": pc_stack, "pc_sp": pc_sp, "overflow": overflow,
-                "vals": vals, "stack": stack, "sp": sp}
+        return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp},
+                {"pc_stack": pc_write, "stack": writes})
+
+    def uniform(self, small: dict, writes: dict) -> dict:
+        """Writes with every stack present (non-writing ones masked off): for a conditional."""
+        none = self.no_writes(small)
+        return {"pc_stack": writes["pc_stack"] or none["pc_stack"],
+                "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in self.stacks}}
 
     def run(self, args: Sequence[Any], max_steps: int, scheduler: str) -> tuple[Any, Status]:
         batch = int(tf.nest.flatten(args)[0].shape[0])
         choose = SCHEDULERS[scheduler]
-        state = self.initial_state(args, batch)
+        small, big = self.initial_state(args, batch)
 
-        def body(steps, state):
-            nxt = choose(state["pc"], self.halt)
-            new = tf.switch_case(tf.minimum(nxt, self.halt - 1),
-                                 [lambda i=i: self.block(i, state) for i in range(self.halt)])
-            return steps + 1, new
+        def apply(big, writes):
+            stack = dict(big["stack"])
+            for v, w in writes["stack"].items():
+                stack[v] = _apply_write(stack[v], w)
+            pc_stack = big["pc_stack"]
+            if writes["pc_stack"] is not None:
+                pc_stack = _apply_write(pc_stack, writes["pc_stack"])
+            return {"pc_stack": pc_stack, "stack": stack}
 
-        def cond(steps, state):
-            return tf.logical_and(steps < max_steps, tf.reduce_min(state["pc"]) < self.halt)
+        def uniform_block(i, small, big):
+            new, writes = self.block(i, small, big)
+            return new, self.uniform(small, writes)
 
-        steps, state = tf.while_loop(cond, body, (tf.constant(0), state),
-                                     maximum_iterations=max_steps)
-        result = state["vals"][self.p.result]
-        status = Status(state["overflow"], tf.not_equal(state["pc"], self.halt) &
-                        ~state["overflow"], steps)
+        def body(steps, small, big):
+            if choose is None:  # a sweep: every block once, in program order
+                for i in range(self.halt):
+                    if scheduler == "sweep_guarded":
+                        small, writes = tf.cond(
+                            tf.reduce_any(tf.equal(small["pc"], i)),
+                            lambda i=i, small=small, big=big: uniform_block(i, small, big),
+                            lambda small=small: (small, self.no_writes(small)))
+                    else:
+                        small, writes = self.block(i, small, big)
+                    big = apply(big, writes)
+                return steps + 1, small, big
+            nxt = choose(small["pc"], self.halt)
+            small, writes = tf.switch_case(
+                tf.minimum(nxt, self.halt - 1),
+                [lambda i=i: uniform_block(i, small, big) for i in range(self.halt)])
+            return steps + 1, small, apply(big, writes)
+
+        def cond(steps, small, big):
+            return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
+
+        steps, small, _ = tf.while_loop(cond, body, (tf.constant(0), small, big),
+                                        maximum_iterations=max_steps)
+        result = small["vals"][self.p.result]
+        status = Status(small["overflow"], tf.not_equal(small["pc"], self.halt) &
+                        ~small["overflow"], steps)
         return result, status
 
 
+@tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, types: Mapping[str, Any], args: Sequence[Any], *,
         max_stack_depth: int = 32, max_steps: int = 100_000,
         scheduler: str = "earliest") -> tuple[Any, Status]:
@@ -235,6 +292,7 @@ def _graph_checks(result: Any, status: Status, opts: Mapping[str, Any], name: st
         return tf.nest.map_structure(tf.identity, result)
 
 
+@tf.autograph.experimental.do_not_convert
 def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls)."""
     args = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)

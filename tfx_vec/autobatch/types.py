@@ -33,6 +33,7 @@ def _batched_leaf(x: Any, batch_size: Any) -> tf.Tensor:
     return x
 
 
+@tf.autograph.experimental.do_not_convert
 def run_primitive(prim: ir.Primitive, values: Sequence[Any], batch_size: Any) -> tuple:
     """Run ``prim`` on whole-batch ``values``; rank-0 results are broadcast to the batch."""
     try:
