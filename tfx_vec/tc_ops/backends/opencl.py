@@ -122,6 +122,7 @@ class OpenCLRuntime:
         self.queue = cl.CommandQueue(self.context,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
         self._programs: dict[str, Any] = {}
+        self._kernels: dict[tuple, Any] = {}
         self._build_lock = threading.Lock()
 
     @classmethod
@@ -159,6 +160,14 @@ class OpenCLRuntime:
             self._programs[key] = prog
         return prog
 
+    def _kernel(self, prog: Any, name: str) -> Any:
+        key = (id(prog), name)
+        with self._build_lock:
+            k = self._kernels.get(key)
+            if k is None:
+                k = self._kernels[key] = self.cl.Kernel(prog, name)
+        return k
+
     def run(self, source: str, launches: Sequence[Launch], inputs: Sequence[np.ndarray],
             outputs: Sequence[np.ndarray], temps: Sequence[tuple[Sequence[int], Any]] = (),
             *, timed: bool = False) -> float | None:
@@ -184,7 +193,7 @@ class OpenCLRuntime:
                  for s, d in temps]
         events = []
         for ln in launches:
-            kernel = getattr(prog, ln.kernel)
+            kernel = self._kernel(prog, ln.kernel)
             try:
                 events.append(kernel(self.queue, ln.global_size, ln.local_size, *bufs))
             except cl.Error as e:

@@ -1,0 +1,96 @@
+"""Structure of the GPU mapping: kernels, grid/block sizes, tiling, promotion decisions."""
+import islpy as isl
+import pytest
+
+from tfx_vec.tc_ops.lang import parse
+from tfx_vec.tc_ops.lang.ranges import infer_ranges
+from tfx_vec.tc_ops.lang.sema import check
+from tfx_vec.tc_ops.options import MappingOptions
+from tfx_vec.tc_ops.poly.kernel import build_kernel
+from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+
+
+def _kernel(source, shapes, values=None):
+    d = check(parse(source).defs[0])
+    return build_kernel(d, infer_ranges(d, shapes, None, values))
+
+
+def test_tmm_one_kernel_blocks_and_threads_follow_the_options():
+    k = _kernel(TMM, {"A": (40, 30), "B": (50, 30)})
+    m = map_to_gpu(k, MappingOptions(tile=(16, 8), map_to_threads=(8, 4), map_to_blocks=(5, 2)))
+    assert len(m.kernels) == 1
+    gk = m.kernels[0]
+    # x is the innermost mapped member (n: 50/8 -> 7 tiles, capped at 5 blocks), y is m (3 tiles)
+    assert gk.grid == (5, 2) and gk.block == (8, 4)
+    assert "_b0" in gk.context and "_t1" in gk.context
+
+
+def test_threads_are_capped_by_the_tile_and_blocks_by_the_tile_count():
+    k = _kernel(TMM, {"A": (10, 3), "B": (6, 3)})
+    gk = map_to_gpu(k, MappingOptions(tile=(4, 2), map_to_threads=(32, 32),
+                                      map_to_blocks=(100, 100))).kernels[0]
+    assert gk.block == (2, 4)           # tiles are 4 (m) x 2 (n)
+    assert gk.grid == (3, 3)            # ceil(6/2) tiles of n, ceil(10/4) tiles of m
+
+
+def test_naive_options_run_everything_in_one_thread():
+    k = _kernel(TMM, {"A": (4, 3), "B": (5, 3)})
+    gk, = map_to_gpu(k, MappingOptions.naive()).kernels
+    assert gk.grid == (1,) and gk.block == (1,)
+
+
+def test_unfusable_statements_become_kernels_launched_in_order():
+    src = "def two(float(N) A) -> (B, C) { B(i) = A(i) + 1 \n C(i) +=! B(j) * A(i) }"
+    k = _kernel(src, {"A": (12,)})
+    m = map_to_gpu(k, MappingOptions(tile=(4,), map_to_threads=(4,), fusion_strategy="min"))
+    assert len(m.kernels) >= 2
+    assert [g.name for g in m.kernels] == [f"tc_two_k{i}" for i in range(len(m.kernels))]
+
+
+def test_shared_promotion_of_reused_inputs_only():
+    k = _kernel(TMM, {"A": (40, 30), "B": (50, 30)})
+    m = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16),
+                                     use_shared_memory=True))
+    gk = m.kernels[0]
+    assert [(p.tensor, p.sizes) for p in gk.promotions] == [("A", (16, 8)), ("B", (16, 8))]
+    assert [t.param for t in gk.tile_loops] == ["_T0", "_T1", "_T2"]
+    # offsets are affine in the tile coordinates
+    ctx = isl.Set.read_from_str(k.ctx, "[_T0, _T1, _T2] -> { : _T0 = 2 and _T1 = 1 and _T2 = 3 }")
+    a0 = gk.promotions[0].offsets[0].intersect_params(ctx)
+    assert a0.max_val().to_python() == 32
+
+
+def test_promotion_respects_the_shared_memory_budget():
+    k = _kernel(TMM, {"A": (40, 30), "B": (50, 30)})
+    opts = MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16), use_shared_memory=True)
+    one = map_to_gpu(k, opts, shared_budget=16 * 8 * 4).kernels[0]
+    assert [p.tensor for p in one.promotions] == ["A"]
+    none = map_to_gpu(k, opts, shared_budget=100).kernels[0]
+    assert none.promotions == [] and none.tile_loops == []
+
+
+def test_single_use_arrays_are_not_promoted():
+    src = "def add(float(N,M) A, float(N,M) B) -> (C) { C(i,j) = A(i,j) + B(i,j) }"
+    k = _kernel(src, {"A": (8, 8), "B": (8, 8)})
+    gk = map_to_gpu(k, MappingOptions(tile=(4, 4), map_to_threads=(4, 4),
+                                      use_shared_memory=True)).kernels[0]
+    assert gk.promotions == []
+
+
+def test_indirectly_accessed_array_is_promoted_whole():
+    src = "def gather(float(N) X, int32(A,B) I) -> (Z) { Z(i,j) = X(I(i,j)) }"
+    k = _kernel(src, {"X": (10,), "I": (4, 6)}, values={"I": (0, 9)})
+    gk = map_to_gpu(k, MappingOptions(tile=(2, 3), map_to_threads=(3, 2),
+                                      use_shared_memory=True)).kernels[0]
+    assert [(p.tensor, p.sizes) for p in gk.promotions] == [("X", (10,))]
+
+
+@pytest.mark.parametrize("tile", [(3,), (3, 5), (3, 5, 2, 7)])
+def test_fewer_or_more_tile_sizes_than_band_members(tile):
+    k = _kernel(TMM, {"A": (9, 4), "B": (11, 4)})
+    gk = map_to_gpu(k, MappingOptions(tile=tile, map_to_threads=(4, 4),
+                                      map_to_blocks=(8, 8))).kernels[0]
+    # only the coincident members (m, n) of the outer band can be mapped, and only tiled ones
+    assert len(gk.grid) == len(gk.block) == min(2, len(tile))

@@ -1,0 +1,85 @@
+"""Every corpus TC through the GPU mapping, printed as OpenCL and run on PoCL, against NumPy:
+under the default options, the naive options, and random valid MappingOptions (hypothesis)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support import require
+from tests.tc_ops.corpus import CASES
+from tfx_vec.tc_ops.api import define
+from tfx_vec.tc_ops.backends import opencl
+from tfx_vec.tc_ops.errors import TcBackendError
+from tfx_vec.tc_ops.options import FUSION_STRATEGIES, MappingOptions
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pocl():
+    require(opencl.available(), "an OpenCL platform (pocl-opencl-icd)")
+
+
+def _has_fp16() -> bool:
+    return "cl_khr_fp16" in opencl.OpenCLRuntime.get().device.extensions
+
+
+def check_case(case, options, seed=0):
+    rng = np.random.default_rng(seed)
+    args = case.inputs(rng)
+    entry = define(case.source, backend="opencl")[case.entry]
+    if case.name == "half_axpy" and not _has_fp16():
+        with pytest.raises(TcBackendError, match="cl_khr_fp16"):
+            entry.run_numpy(*args, options=options)
+        return
+    outs = entry.run_numpy(*args, options=options)
+    refs = case.reference(*args)
+    assert len(outs) == len(refs)
+    for name, got, want in zip(entry.cdef.outputs, outs, refs):
+        np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol,
+                                   err_msg=f"{case.name}: output {name} ({options})")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_corpus_default_options(case):
+    check_case(case, None)
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=[c.name for c in CASES[::3]])
+def test_corpus_naive_options(case):
+    check_case(case, MappingOptions.naive(), seed=1)
+
+
+_sizes = st.integers(1, 9)
+options_strategy = st.builds(
+    MappingOptions,
+    tile=st.lists(_sizes, min_size=0, max_size=4).map(tuple),
+    map_to_threads=st.lists(st.integers(1, 8), min_size=1, max_size=3).map(tuple),
+    map_to_blocks=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+    use_shared_memory=st.booleans(),
+    unroll=st.sampled_from([1, 2, 4]),
+    fusion_strategy=st.sampled_from(FUSION_STRATEGIES),
+)
+
+
+@settings(max_examples=20)
+@given(case=st.sampled_from(CASES), options=options_strategy, seed=st.integers(0, 2 ** 16))
+def test_corpus_random_valid_options(case, options, seed):
+    check_case(case, options, seed)
+
+
+def test_shared_memory_changes_the_code_not_the_result():
+    case = next(c for c in CASES if c.name == "tmm")
+    on = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 4), use_shared_memory=True)
+    check_case(case, on)
+    args = case.inputs(np.random.default_rng(0))
+    entry = define(case.source, backend="opencl")[case.entry]
+    entry.compile(*args, options=on)
+    assert "__local float _sh_A" in entry.source() and "barrier(" in entry.source()
+    entry.compile(*args, options=on.replace(use_shared_memory=False))
+    assert "__local" not in entry.source()
+
+
+def test_too_many_threads_for_the_device_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(opencl.OpenCLRuntime, "max_work_group_size", property(lambda self: 64))
+    case = next(c for c in CASES if c.name == "tmm")
+    with pytest.raises(TcBackendError, match="work-group limit 64"):
+        check_case(case, MappingOptions(tile=(16, 16), map_to_threads=(16, 16)))
