@@ -9,5 +9,6 @@ def _fresh_lazy_state():
     lazy.mark_step()
     lazy.configure(fallback_error=False, max_graphs=None, cache_size=128, max_graph_size=10000)
     lazy.reset_metrics()
+    lazy.clear_cache()   # counts of compiles and hits are per test
     yield
     lazy.configure(fallback_error=False, max_graphs=None, cache_size=128, max_graph_size=10000)

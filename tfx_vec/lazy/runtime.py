@@ -52,7 +52,7 @@ _pending_vars: dict[int, Any] = {}            # id -> Variable with a substitute
 _cache: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
-_tapes: list = []                             # active lazy.GradientTapes (see tape.py)
+_tapes: "weakref.WeakSet" = weakref.WeakSet()  # lazy.GradientTapes that may still differentiate
 _EMPTY: list = []  # the empty scalar vector, made on first use (a tf.Tensor)
 
 

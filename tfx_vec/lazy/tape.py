@@ -5,12 +5,14 @@ the connected sources; ``lowering.build`` replays the program under a ``tf.Gradi
 calls TensorFlow's own ``gradient`` there, so forward and backward compile into one program.
 Sources follow eager rules: trainable ``lazy.Variable``s are watched automatically, other lazy
 tensors only after ``tape.watch``; an unconnected source gets ``None`` (or zeros with
-``unconnected_gradients=ZERO``).  A value forced inside the tape's ``with`` block (printing the
-loss, branching on it) keeps its recorded computation for the gradient.
+``unconnected_gradients=ZERO``).  A value forced while the tape can still differentiate
+(printing the loss, branching on it) keeps its recorded computation for the gradient: the tape
+remembers it until its gradient (or, when persistent, until the tape is garbage).
 
 Limits: ops recorded *before* the tape was entered are differentiated too (eager would stop at
-them), and a variable assigned between the forward pass and ``gradient`` is differentiated at
-its new value; take gradients before ``mark_step``, as with PyTorch/XLA.
+them), and a variable whose update was written back by a barrier between the forward pass and
+``gradient`` is differentiated at its new value: take gradients before ``mark_step``, as with
+PyTorch/XLA.
 
 Example:
     >>> import tensorflow as tf
@@ -29,7 +31,7 @@ import tensorflow as tf
 
 from . import runtime
 from .errors import LazyGradientError
-from .ir import Node
+from .ir import Node, _post_order
 from .tensor import LazyTensor, Variable, tensor
 
 __all__ = ["GradientTape"]
@@ -46,12 +48,11 @@ class GradientTape:
         self._used = False
 
     def __enter__(self) -> "GradientTape":
-        runtime._tapes.append(self)
+        runtime._tapes.add(self)  # until its (last) gradient: barriers report to it
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self in runtime._tapes:
-            runtime._tapes.remove(self)
+        pass
 
     def watch(self, tensors: Any) -> None:
         """Watch lazy tensors (and variables) so gradients with respect to them exist."""
@@ -65,11 +66,26 @@ class GradientTape:
         """Called by the barrier: keep the recorded computation behind each forced value."""
         for n in outputs:
             data = fresh[id(n)]
-            self._history[id(data)] = (data, self._symbolic(n))
+            self._history[id(data)] = (data, n)
 
-    def _symbolic(self, node: Node) -> Node:
-        hit = self._history.get(id(node))
-        return hit[1] if hit is not None else node
+    def _symbolic(self, node: Node, memo: dict) -> Node:
+        """``node`` with every value forced since the tape began replaced by its computation
+        (``memo`` is shared by one gradient call, so equal nodes stay identical)."""
+        if not self._history:
+            return node
+        for n in _post_order([node]):
+            if id(n) in memo:
+                continue
+            hit = self._history.get(id(n))
+            if hit is not None:
+                memo[id(n)] = self._symbolic(hit[1], memo)
+                continue
+            inputs = tuple(memo[id(x)] for x in n.inputs)
+            if any(a is not b for a, b in zip(inputs, n.inputs)):
+                memo[id(n)] = Node(n.op, inputs, n.attrs, n.shape, n.dtype, n.value)
+            else:
+                memo[id(n)] = n
+        return memo[id(node)]
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients =
@@ -79,9 +95,12 @@ class GradientTape:
             raise LazyGradientError("a non-persistent lazy.GradientTape can only compute one "
                                     "gradient (use persistent=True)")
         self._used = True
+        if not self._persistent:
+            runtime._tapes.discard(self)
         if not isinstance(target, LazyTensor):
             raise LazyGradientError(f"target must be a lazy tensor, got {type(target).__name__}")
-        t_node = self._symbolic(target._node)
+        memo: dict[int, Node] = {}
+        t_node = self._symbolic(target._node, memo)
         ancestors = _ancestors(t_node)
         flat = tf.nest.flatten(sources)
         picked, nodes = [], []
@@ -89,7 +108,7 @@ class GradientTape:
             if not isinstance(s, LazyTensor):
                 raise LazyGradientError(
                     f"source {k} must be a lazy tensor or lazy.Variable, got {type(s).__name__}")
-            n = self._symbolic(s._node)
+            n = self._symbolic(s._node, memo)
             watched = id(n) in self._watched or id(s._node) in self._watched or (
                 isinstance(s, Variable) and s.trainable and self._auto_watch)
             if watched and id(n) in ancestors:

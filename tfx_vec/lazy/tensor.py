@@ -204,27 +204,35 @@ class Variable(LazyTensor):
     def _substitute(self, new: Any, what: str) -> "Variable":
         if not isinstance(new, LazyTensor):
             new = tensor(tf.convert_to_tensor(new, dtype=self.dtype))
-        n = new._node
-        if n.shape != self._node.shape or n.dtype != self._node.dtype:
-            raise LazyShapeError(
-                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
-                f"{list(self._node.shape)}, got {n.dtype.name}{list(n.shape)} at "
-                f"{runtime.user_frame()}")
-        self._node = n
+        self._check(new._node, what)
+        self._node = new._node
         runtime.mark_variable(self)
         return self
+
+    def _check(self, n: Node, what: str) -> None:
+        if n.shape != self._read.shape or n.dtype != self._read.dtype:
+            raise LazyShapeError(
+                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
+                f"{list(self._read.shape)}, got {n.dtype.name}{list(n.shape)} at "
+                f"{runtime.user_frame()}")
 
     def assign(self, new: Any) -> "Variable":
         """Substitute the variable's value with ``new``."""
         return self._substitute(new, "assign")
 
+    def _update(self, op: str, delta: Any, what: str) -> "Variable":
+        if not isinstance(delta, LazyTensor):
+            delta = tensor(tf.convert_to_tensor(delta, dtype=self.dtype))
+        self._check(delta._node, what)  # like tf.Variable: no broadcasting of the delta
+        return self._substitute(record(OPS[op], (self, delta), {}), what)
+
     def assign_add(self, delta: Any) -> "Variable":
-        """``self.assign(self + delta)``, recorded."""
-        return self._substitute(record(OPS["math.add"], (self, delta), {}), "assign_add")
+        """``self.assign(self + delta)``, recorded (``delta`` has the variable's shape)."""
+        return self._update("math.add", delta, "assign_add")
 
     def assign_sub(self, delta: Any) -> "Variable":
-        """``self.assign(self - delta)``, recorded."""
-        return self._substitute(record(OPS["math.subtract"], (self, delta), {}), "assign_sub")
+        """``self.assign(self - delta)``, recorded (``delta`` has the variable's shape)."""
+        return self._update("math.subtract", delta, "assign_sub")
 
     def numpy(self) -> np.ndarray:
         if self._pending():
