@@ -73,14 +73,30 @@ def test_tf_tensors_in_and_out_and_source():
     assert isinstance(C, tf.Tensor) and C.dtype == tf.float32
     np.testing.assert_allclose(C.numpy(), A.numpy() @ B.numpy().T, rtol=1e-5, atol=1e-5)
     src = mod.tmm.source()
-    assert "void tc_tmm(void* const* args)" in src and "#pragma omp parallel for" in src
-    assert "(M=5, K=7, N=6)" in src
+    assert "void tc_tmm(void* const* args)" in src and "(M=5, K=7, N=6)" in src
+    assert "#pragma omp parallel" not in src      # too little work to start threads
     with pytest.raises(tc.TcError, match="not been compiled"):
         mod.fcrelu.source()
     O = mod.fcrelu(A, B, tf.ones([6]))
     assert isinstance(O, tf.Tensor) and O.shape == (5, 6)
     mod.tmm(np.ones((2, 3), np.float32), np.ones((4, 3), np.float32))
     assert "(M=2, K=3, N=4)" in mod.tmm.source()      # the last compiled sizes
+
+
+def test_cpu_strategy_in_the_generated_code():
+    """Large kernels get OpenMP on the outer tile loop, reductions a vector accumulator."""
+    f32 = np.float32
+    src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)])
+    assert outs == [("C", (256, 128), np.dtype(f32))]
+    assert src.index("#pragma omp parallel for") < src.index("_c0 += 32")
+    assert "#pragma omp simd reduction(+:tc_acc)" in src
+    naive, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
+                            tc.MappingOptions.naive())
+    assert "#pragma" not in naive and "+= 32" not in naive
+    src, _ = cpu.generate(BY_NAME["fcrelu"].source, "fcrelu",
+                          [((256, 512), f32), ((64, 512), f32), ((64,), f32)])
+    # fused: bias, reduction and relu of one (b, n) tile are in one loop nest
+    assert src.count("#pragma omp parallel for") == 1
 
 
 def test_several_outputs_return_a_tuple_and_shapes_are_inferred():

@@ -111,6 +111,7 @@ def test_printed_c_is_stable():
 def test_printer_dialect_attributes_are_overridable():
     class NoPragmas(CPrinter):
         pragma_parallel = "/* parallel */"
+        parallel_min_work = 0
         restrict = "__restrict__"
 
     k = _kernel("tmm", {"A": (64, 40), "B": (48, 40)})

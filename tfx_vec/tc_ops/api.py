@@ -189,7 +189,7 @@ class Entry:
                 if p.name in self._index_inputs:
                     values[p.name] = (int(a.min()), int(a.max())) if a.size else (0, 0)
             infer_ranges(self.cdef, shapes, scalars, values)   # raises if a value is out of range
-        full = key + (options.to_json(),)
+        full = key + (options,)     # frozen dataclass: hashable, equal options share a kernel
         hit = self._compiled.get(full)
         if hit is None:
             with self._lock:

@@ -167,10 +167,12 @@ class CPrinter:
     def emit_node(self, node: isl.AstNode, ind: int, mark: str | None = None) -> list[str]:
         t = node.get_type()
         if t == isl.ast_node_type.block:
+            # a mark right above a block belongs to the loops isl split that band member into
+            # (e.g. an init statement peeled before the reduction loop)
             out = []
-            for child in node.block_get_children().get_list() if hasattr(
-                    node.block_get_children(), "get_list") else _ast_list(node.block_get_children()):
-                out += self.emit_node(child, ind)
+            for child in _ast_list(node.block_get_children()):
+                out += self.emit_node(child, ind, mark if child.get_type() in (
+                    isl.ast_node_type.for_, isl.ast_node_type.mark) else None)
             return out
         if t == isl.ast_node_type.mark:
             inner, name = node.mark_get_node(), node.mark_get_id().get_name()
@@ -196,17 +198,70 @@ class CPrinter:
         cond = node.for_get_cond().to_C_str()
         inc = node.for_get_inc().to_C_str()
         body = node.for_get_body()
+        header = f"for (int {it} = {init}; {cond}; {it} += {inc}) {{"
+        if mark == MARK_SEQ and self.options.vectorize:
+            acc = self.emit_reduction_loop(body, it, header, ind)
+            if acc is not None:
+                return acc
         out = [pad + p for p in self.loop_pragmas(mark, _is_innermost(body))]
-        out.append(f"{pad}for (int {it} = {init}; {cond}; {it} += {inc}) {{")
+        out.append(pad + header)
         out += self.emit_node(body, ind + 1)
         out.append(pad + "}")
         return out
+
+    _OMP_REDUCTION = {"+=": "+", "*=": "*", "min=": "min", "max=": "max"}
+
+    def emit_reduction_loop(self, body: isl.AstNode, it: str, header: str, ind: int
+                            ) -> list[str] | None:
+        """An innermost reduction loop over one update statement whose target does not move
+        with the loop: accumulate in a local (``simd reduction``), store once after the loop.
+
+        None when the pattern does not apply (the loop is then printed as it is)."""
+        if body.get_type() != isl.ast_node_type.user:
+            return None
+        expr = body.user_get_expr()
+        st = self.k.stmt(expr.op_get_arg(0).get_id().get_name())
+        if st.kind != "update" or not self.pragma_simd:
+            return None
+        args = [expr.op_get_arg(i + 1).to_C_str() for i in range(expr.op_get_n_arg() - 1)]
+        bind = dict(zip(st.vars, args))
+        word = re.compile(rf"\b{re.escape(it)}\b")
+        if any(word.search(bind[v]) for v in st.tc.lhs_vars):
+            return None
+        s = st.tc.stmt
+        pad, t = "  " * ind, self.ctype(st.tc.dtype)
+        lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
+        outer = " ".join(f"const int {c_name(v)} = {bind[v]};" for v in st.tc.lhs_vars)
+        inner = " ".join(f"const int {c_name(v)} = {bind[v]};" for v in st.vars
+                         if v not in st.tc.lhs_vars)
+        upd = self.combine(s.op, "tc_acc", f"({self.expr(s.rhs)})", st.tc.dtype)
+        return [f"{pad}{{ {outer}",
+                f"{pad}  {t} tc_acc = {lhs};",
+                f"{pad}  {self.pragma_simd} reduction({self._OMP_REDUCTION[s.op]}:tc_acc)",
+                f"{pad}  {header}",
+                f"{pad}    {{ {inner} tc_acc = ({t})({upd}); }}",
+                f"{pad}  }}",
+                f"{pad}  {lhs} = tc_acc;",
+                f"{pad}}}"]
+
+    # statement instances below which a kernel runs on one thread: starting a parallel region
+    # costs more than it saves there (and far more on an oversubscribed machine)
+    parallel_min_work = 1 << 22
+
+    def total_work(self) -> int:
+        total = 0
+        for st in self.k.stmts:
+            n = 1
+            for lo, hi in st.ranges:
+                n *= max(0, hi - lo)
+            total += n
+        return total
 
     def loop_pragmas(self, mark: str | None, innermost: bool) -> list[str]:
         """Pragmas for a loop: OpenMP threads on the ``omp`` loop, simd/unroll innermost."""
         o = self.options
         out = []
-        if mark == MARK_OMP and o.parallel > 0:
+        if mark == MARK_OMP and o.parallel > 0 and self.total_work() >= self.parallel_min_work:
             out.append(self.pragma_parallel)
         if innermost and mark == MARK_SIMD and o.vectorize:
             out.append(self.pragma_simd)
