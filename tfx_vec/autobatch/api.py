@@ -83,7 +83,7 @@ class AutobatchFunction:
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any, **options: Any) -> Any:
         if getattr(_UNBATCHED, "depth", 0):
-            return self._autobatch_python_fn(*args)
+            return self._autobatch_python_fn(*args, **options)
         unknown = set(options) - set(self.options)
         if unknown:
             raise AutobatchError(f"unknown options {sorted(unknown)} for {self.__name__}; "

@@ -330,21 +330,25 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
     def build_tree(depth, direction, q, p, g, logp, eps, h0, seed):
         """Subtree of 2**depth leaves next to (q, p) in ``direction``: far end, proposal,
         momentum at the near end, summed momentum, log-sum-weight, statistics, validity."""
-        if depth <= 0:
-            (q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid,
-             div) = leaf(direction, q, p, g, logp, eps, h0)
-            return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
-        seed_first, seed_second, seed_pick = _split(seed, 3)
-        (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1,
-         div1) = build_tree(depth - 1, direction, q, p, g, logp, eps, h0, seed_first)
-        if not valid1:
-            return q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1, div1
-        (q2, p2, g2, l2, qp2, gp2, lp2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
-         div2) = build_tree(depth - 1, direction, q1, p1, g1, l1, eps, h0, seed_second)
-        (qp, gp, lp, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
-            seed_pick, qp1, gp1, lp1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
-            qp2, gp2, lp2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
-        return q2, p2, g2, l2, qp, gp, lp, p_beg1, rho, lsw, metro, leaves, valid, div
+        # The recursive case comes first and the leaf last: the runtimes run the earliest
+        # block some member waits at, so members gather at the (expensive) leaf until every
+        # other member has reached it too.
+        if depth > 0:
+            seed_first, seed_second, seed_pick = _split(seed, 3)
+            (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1,
+             div1) = build_tree(depth - 1, direction, q, p, g, logp, eps, h0, seed_first)
+            if not valid1:
+                return (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1,
+                        valid1, div1)
+            (q2, p2, g2, l2, qp2, gp2, lp2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
+             div2) = build_tree(depth - 1, direction, q1, p1, g1, l1, eps, h0, seed_second)
+            (qp, gp, lp, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
+                seed_pick, qp1, gp1, lp1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
+                qp2, gp2, lp2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
+            return q2, p2, g2, l2, qp, gp, lp, p_beg1, rho, lsw, metro, leaves, valid, div
+        (q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid,
+         div) = leaf(direction, q, p, g, logp, eps, h0)
+        return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
 
     @wrap
     def trajectory(q0, logp0, g0, eps, seed):

@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import linecache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -43,7 +44,22 @@ def run_primitive(prim: ir.Primitive, values: Sequence[Any], batch_size: Any) ->
     except AutobatchError:
         raise
     except Exception as e:
-        raise PrimitiveError(f"{prim.loc}: `{prim.text}` failed: {type(e).__name__}: {e}") from e
+        raise PrimitiveError(f"{_failing_line(prim, e)} failed: {type(e).__name__}: {e}") from e
+
+
+def _failing_line(prim: ir.Primitive, e: BaseException) -> str:
+    """``file:line: `source``` of the user statement that raised (primitives are compiled with
+    the user's file name and line numbers)."""
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_ab_prim":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    filename = prim.loc.rsplit(":", 1)[0]
+    text = linecache.getline(filename, line).strip() if line else ""
+    if not text:
+        return f"{prim.loc}: `{prim.text}`"
+    return f"{filename}:{line}: `{text}`"
 
 
 def select(mask: tf.Tensor, new: Any, old: Any, what: str = "") -> Any:

@@ -21,7 +21,7 @@ Example:
     ...     b = f(n - 1)
     ...     return a + b + n
     >>> [type(op).__name__ for op in fuse_pop_push(lower(compile_program(f))).blocks[3].ops]
-    ['Peek', 'Primitive', 'Primitive', 'Primitive']
+    ['Peek', 'Primitive', 'Primitive', 'Push', 'Primitive']
 """
 from __future__ import annotations
 

@@ -1,0 +1,60 @@
+"""ab.describe: golden text on fib (blocks, variables, allocation classes, optimizations)."""
+import io
+
+import pytest
+
+from tests.autobatch.programs import fib
+from tfx_vec import autobatch as ab
+
+GOLDEN = """\
+program fib(fib.n) -> fib._ab_ret
+  entry fib: block 0
+  0: fib.0:
+      fib._ab_c1 = prim(fib.n)  # _ab_c1 = n <= 1
+      branch fib._ab_c1 ? fib.1 : fib.2
+  1: fib.1:
+      fib._ab_ret = prim(fib.n)  # _ab_ret = tf.ones_like(n)
+      return
+  2: fib.2:
+      fib._ab_t2 = prim(fib.n)  # _ab_t2 = n - 2
+      push fib.n
+      fib.n = prim(fib._ab_t2)  # fib.n = fib._ab_t2
+      pushjump fib.0 then fib.2/1
+  3: fib.2/1:
+      pop fib.n
+      fib._ab_r3 = prim(fib._ab_ret)  # fib._ab_r3 = fib._ab_ret
+      fib._ab_t4 = prim(fib.n)  # _ab_t4 = n - 1
+      push fib._ab_r3
+      fib.n = prim(fib._ab_t4)  # fib.n = fib._ab_t4
+      pushjump fib.0 then fib.2/2
+  4: fib.2/2:
+      pop fib._ab_r3
+      fib._ab_r5 = prim(fib._ab_ret)  # fib._ab_r5 = fib._ab_ret
+      fib._ab_ret = prim(fib._ab_r3, fib._ab_r5)  # _ab_ret = _ab_r3 + _ab_r5
+      return
+variables:
+  fib.n: stack
+  fib._ab_c1: temporary
+  fib._ab_ret: register
+  fib._ab_t2: temporary
+  fib._ab_r3: stack
+  fib._ab_t4: temporary
+  fib._ab_r5: temporary
+passes and optimizations:
+  - frontend
+  - lowering: calls -> caller-saves push/pop on one stack per variable (optimization 1: per-variable stacks)
+  - stack elision: 0 push/pop pairs removed around calls that cannot recurse (optimization 3)
+  - pop-push fusion: 0 pop/push pairs fused into peek/update (optimization 5)
+  - allocation: 4 temporaries never stored (optimization 2), 1 registers without stacks, 2 stacks with cached tops (optimization 4)
+"""
+
+
+def test_describe_fib_golden():
+    out = io.StringIO()
+    text = ab.describe(fib, file=out)
+    assert text == out.getvalue() == GOLDEN
+
+
+def test_describe_rejects_plain_functions():
+    with pytest.raises(ab.AutobatchError, match="ab.function"):
+        ab.describe(lambda n: n)
