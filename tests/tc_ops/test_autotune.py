@@ -66,3 +66,32 @@ def test_genes_round_trip_and_bad_arguments():
     bad_start = MappingOptions(tile=(5,))
     with pytest.raises(TcError, match="starting options"):
         genetic_search(ModelTarget(), search_space("cpu", [8]), bad_start, REF, progress=False)
+
+
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+def test_autotune_a_tc_entry_fills_the_cache_and_never_regresses(backend, tmp_path):
+    from tests.support import random_array, require
+    from tfx_vec import tc_ops as tc
+    from tfx_vec.tc_ops.autotune import autotune, cache_key_for, cached_options
+    from tfx_vec.tc_ops.backends import opencl
+    from tfx_vec.tc_ops.cache import CompilationCache
+
+    if backend == "opencl":
+        require(opencl.available(), "an OpenCL platform (pocl-opencl-icd)")
+    rng = np.random.default_rng(0)
+    A, B = random_array(rng, (24, 20)), random_array(rng, (28, 20))
+    mod = tc.define(TMM, backend=backend)
+    path = tmp_path / "tc.json"
+    res = autotune(mod.tmm, A, B, generations=2, population=4, cache=path, progress=False)
+    assert res.runtime <= res.start_runtime and res.evaluated >= 2 and res.rejected == 0
+    cache = CompilationCache(path)
+    entries = cache.lookup(cache_key_for(mod.tmm, [A, B], cache))
+    assert entries and entries[0].runtime == pytest.approx(res.runtime)
+    assert entries[0].source and "tc_tmm" in entries[0].source
+    best = cached_options(mod.tmm, A, B, cache=path)
+    assert best == res.options or entries[0].runtime <= res.runtime
+    out = mod.tmm(A, B, options=best).numpy()
+    np.testing.assert_allclose(out, A @ B.T, rtol=1e-4, atol=1e-4)

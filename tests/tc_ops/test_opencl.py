@@ -55,7 +55,9 @@ options_strategy = st.builds(
     map_to_threads=st.lists(st.integers(1, 8), min_size=1, max_size=3).map(tuple),
     map_to_blocks=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
     use_shared_memory=st.booleans(),
+    use_private_memory=st.booleans(),
     unroll=st.sampled_from([1, 2, 4]),
+    unroll_copy_shared=st.booleans(),
     fusion_strategy=st.sampled_from(FUSION_STRATEGIES),
 )
 
@@ -76,6 +78,16 @@ def test_shared_memory_changes_the_code_not_the_result():
     assert "__local float _sh_A" in entry.source() and "barrier(" in entry.source()
     entry.compile(*args, options=on.replace(use_shared_memory=False))
     assert "__local" not in entry.source()
+
+
+def test_private_memory_keeps_the_reduction_in_a_register():
+    case = next(c for c in CASES if c.name == "tmm")
+    opts = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 4), use_private_memory=True)
+    check_case(case, opts)
+    args = case.inputs(np.random.default_rng(0))
+    entry = define(case.source, backend="opencl")[case.entry]
+    entry.compile(*args, options=opts)
+    assert "float _acc = C[m][n];" in entry.source() and "C[m][n] = _acc;" in entry.source()
 
 
 def test_too_many_threads_for_the_device_is_a_clear_error(monkeypatch):

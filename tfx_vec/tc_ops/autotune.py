@@ -36,7 +36,7 @@ from .errors import TcError
 from .options import FUSION_STRATEGIES, MappingOptions
 
 __all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
-           "options_to_genes"]
+           "options_to_genes", "autotune", "cached_options", "EntryTarget", "def_source"]
 
 
 class TuningTarget(Protocol):
@@ -145,8 +145,12 @@ def genetic_search(target: TuningTarget, space: dict[str, list], start: MappingO
                    crossover_rate: float = 0.8, mutation_rate: float = 0.1, elites: int = 1,
                    threads: int = 2, time_budget: float | None = None, repeats: int = 3,
                    seed: int | None = 0, record: Callable[[MappingOptions, float], None] | None
-                   = None, progress: bool = True) -> TuneResult:
-    """Tune ``start`` on ``target``; see the module docstring for the algorithm."""
+                   = None, progress: bool = True, seeds: Sequence[MappingOptions] = ()
+                   ) -> TuneResult:
+    """Tune ``start`` on ``target``; see the module docstring for the algorithm.
+
+    ``seeds`` (e.g. the cache's best entries) join the first generation after ``start``.
+    """
     for name, v, lo in (("generations", generations, 1), ("population", population, 2),
                         ("threads", threads, 1), ("repeats", repeats, 1)):
         if not isinstance(v, int) or v < lo:
@@ -214,8 +218,9 @@ def genetic_search(target: TuningTarget, space: dict[str, list], start: MappingO
     start_runtime = measured[start.to_json()]
     if start_runtime == math.inf:
         raise TcError("autotune: the starting options do not give the reference result")
-    pop = [start] + [o for o in (random_options() for _ in range(4 * population)) if o][
-        : population - 1]
+    pop = list(dict.fromkeys([start, *seeds]))[:population]
+    pop += [o for o in (random_options() for _ in range(4 * population)) if o][
+        : population - len(pop)]
     for gen in range(generations):
         if time_budget is not None and time.perf_counter() - t0 > time_budget:
             break
@@ -262,3 +267,159 @@ def _progress_bar(total: int, enabled: bool):
     except ImportError:  # tqdm is in the [bench] extra; tuning works without a bar
         return _NoBar()
     return tqdm(total=total, desc="tc autotune", unit="cand", leave=False)
+
+
+# -- TC entry points ---------------------------------------------------------------------------
+def def_source(cdef: Any) -> str:
+    """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``)."""
+    from .lang.printer import expr_to_tc
+
+    d = cdef.ast
+    params = ", ".join(f"{p.dtype} {p.name}" if p.is_scalar else
+                       f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
+                       for p in d.params)
+    stmts = []
+    for s in d.stmts:
+        where = ", ".join(f"{w.var} in {expr_to_tc(w.lo)}:{expr_to_tc(w.hi)}" for w in s.where)
+        stmts.append(f"{s.lhs}({','.join(s.lhs_indices)}) {s.op}{'!' if s.init else ''} "
+                     f"{expr_to_tc(s.rhs)}{' where ' + where if where else ''}")
+    return f"def {d.name}({params}) -> ({', '.join(d.returns)}) {{ {'; '.join(stmts)} }}"
+
+
+def device_name(backend: str) -> str:
+    """The device a backend runs on (part of cache keys)."""
+    if backend == "opencl":
+        from .backends.opencl import device_name as cl_name
+        return cl_name()
+    if backend == "cuda":
+        from .backends.cuda import cuda_runtime
+        return cuda_runtime().name
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class EntryTarget:
+    """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs."""
+
+    def __init__(self, entry: Any, arrays: list[np.ndarray]):
+        from .api import _index_inputs
+        from .lang.ranges import infer_ranges
+
+        self.entry, self.arrays = entry, arrays
+        cdef = entry.cdef
+        params = cdef.inputs
+        self.shapes = {p.name: a.shape for p, a in zip(params, arrays) if not p.is_scalar}
+        self.scalars = {p.name: int(a) for p, a in zip(params, arrays)
+                        if p.name in cdef.structural_scalars}
+        self.values = {p.name: (int(a.min()), int(a.max())) if a.size else (0, 0)
+                       for p, a in zip(params, arrays) if p.name in _index_inputs(cdef)} or None
+        self.ranges = infer_ranges(cdef, self.shapes, self.scalars, self.values)
+        self.sources: dict[str, str] = {}
+
+    def extents(self) -> list[int]:
+        """Loop extents of the deepest statement, outermost first (for the search space)."""
+        best: list[int] = []
+        for cs, sr in zip(self.entry.cdef.stmts, self.ranges.stmt_ranges):
+            ext = [hi - lo for lo, hi in (sr[v] for v in cs.all_vars)]
+            if len(ext) > len(best):
+                best = ext
+        return best or [1]
+
+    def compile(self, options: MappingOptions) -> Any:
+        from .api import compile_def
+
+        kernel, _ = compile_def(self.entry.cdef, self.shapes, self.scalars, self.entry.backend,
+                                options, self.values)
+        self.sources[options.to_json()] = kernel.source
+        return kernel
+
+    def outputs(self) -> list[np.ndarray]:
+        from .lang.types import np_dtype
+        cdef = self.entry.cdef
+        return [np.zeros(self.ranges.shapes[n], np_dtype(cdef.tensors[n].dtype))
+                for n in cdef.outputs]
+
+    def run(self, kernel: Any) -> tuple[list[np.ndarray], float]:
+        outs = self.outputs()
+        if hasattr(kernel, "run_timed"):  # device time (OpenCL profiling events)
+            secs = kernel.run_timed(self.arrays + outs)
+        else:
+            t0 = time.perf_counter()
+            kernel.run(self.arrays + outs)
+            secs = time.perf_counter() - t0
+        return outs, secs
+
+
+def _as_cache(cache: Any):
+    from .cache import CompilationCache
+    if cache is None or isinstance(cache, CompilationCache):
+        return cache
+    return CompilationCache(cache)
+
+
+def cache_key_for(entry: Any, arrays: list[np.ndarray], cache: Any):
+    """The cache key of ``entry`` on ``arrays`` (canonical TC, shapes/dtypes, backend, device)."""
+    return cache.key(def_source(entry.cdef), entry.name, [(a.shape, a.dtype) for a in arrays],
+                     entry.backend, device_name(entry.backend))
+
+
+def cached_options(entry: Any, *inputs: Any, cache: Any) -> MappingOptions | None:
+    """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss."""
+    cache = _as_cache(cache)
+    arrays = entry._convert(inputs)
+    best = cache.best(cache_key_for(entry, arrays, cache))
+    if best is None:
+        return None
+    try:
+        return MappingOptions.from_dict(best.options)
+    except TcError:
+        return None  # written by another version of the options: ignore
+
+
+def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8,
+             crossover_rate: float = 0.8, mutation_rate: float = 0.1, elites: int = 1,
+             threads: int = 2, time_budget: float | None = None, cache: Any = None,
+             start: MappingOptions | None = None, repeats: int = 3, seed: int | None = 0,
+             progress: bool = True) -> TuneResult:
+    """Tune the mapping of ``entry`` (a ``tc.define`` entry point) on ``inputs``.
+
+    Cuda/OpenCL tune the GPU mapping; cpu tunes tile sizes, the parallel loop, unrolling and
+    vectorisation.  Candidates are checked against the naive kernel's outputs.  ``cache`` (a path
+    or :class:`~.cache.CompilationCache`) receives every valid candidate (best k kept per key),
+    and its best entries for this key join the first generation.  Returns a :class:`TuneResult`
+    whose ``options`` are never slower (as measured) than ``start`` (default: the entry's).
+    """
+    arrays = entry._convert(inputs)
+    target = EntryTarget(entry, arrays)
+    reference = list(entry.run_numpy(*arrays, options=MappingOptions.naive()))
+    space = search_space(entry.backend, target.extents())
+    cache = _as_cache(cache)
+    record = None
+    if cache is not None:
+        key = cache_key_for(entry, arrays, cache)
+
+        def record(o: MappingOptions, secs: float) -> None:
+            cache.record(key, o.to_dict(), secs, source=target.sources.get(o.to_json()))
+    return genetic_search(target, space, start or entry.options, reference,
+                          generations=generations, population=population,
+                          crossover_rate=crossover_rate, mutation_rate=mutation_rate,
+                          elites=elites, threads=threads, time_budget=time_budget,
+                          repeats=repeats, seed=seed, record=record, progress=progress,
+                          seeds=[MappingOptions.from_dict(e.options) for e in
+                                 (cache.lookup(key) if cache is not None else [])
+                                 if _valid_dict(e.options)])
+
+
+def _valid_dict(d: dict) -> bool:
+    try:
+        MappingOptions.from_dict(d)
+        return True
+    except (TcError, TypeError):
+        return False

@@ -10,6 +10,9 @@ Both are dialects of T1's :class:`~.c.CPrinter` (STYLE.md §10): they override c
 - for a kernel with promoted arrays, explicit tile loops (block-strided where mapped) around a
   cooperative copy of each array tile into shared memory by all threads of the block, a barrier,
   the tile's instances reading the copy, and a barrier before the next tile's copy;
+- with ``use_private_memory``, a loop that only accumulates a reduction into one element keeps
+  the accumulator in a register (read before, written after the loop);
+- with ``unroll_copy_shared``, the shared-memory copy loops carry the unroll pragma too;
 - the isl AST is generated with the ids' ranges as context, so loops over blocks/threads come out
   strided and guards disappear where the launch sizes make them redundant.
 
@@ -27,6 +30,8 @@ Example:
     True
 """
 from __future__ import annotations
+
+import re
 
 import islpy as isl
 
@@ -182,6 +187,8 @@ class GpuPrinter(CPrinter):
             inside = " && ".join(f"({g}) >= 0 && ({g}) < {shape[d]}" for d, g in enumerate(glob))
             src = c_name(p.tensor) + "".join(f"[{g}]" for g in glob)
             dst = sh + "".join(f"[{x}]" for x in e)
+            if self.options.unroll_copy_shared and self.options.unroll > 1:
+                out.append(pad + self.pragma_unroll.format(n=self.options.unroll))
             out.append(f"{pad}for (int _i = _tlin; _i < {total}; _i += {nthreads}) {{")
             out.append(f"{pad}  {' '.join(unravel)}")
             out.append(f"{pad}  if ({inside or '1'}) {dst} = {src};")
@@ -200,6 +207,50 @@ class GpuPrinter(CPrinter):
         plain = super().access(name, subs, call)      # "A[x][y]" with clamps applied
         idx = _split_subscripts(plain[len(c_name(name)):])
         return sh + "".join(f"[({x}) - _o_{c_name(name)}_{d}]" for d, x in enumerate(idx))
+
+    # -- private (register) promotion of reduction accumulators -------------------------
+    def emit_for(self, node: isl.AstNode, ind: int, mark: str | None) -> list[str]:
+        if self.options.use_private_memory:
+            hoisted = self.emit_private_reduction(node, ind)
+            if hoisted is not None:
+                return hoisted
+        return super().emit_for(node, ind, mark)
+
+    def emit_private_reduction(self, node: isl.AstNode, ind: int) -> list[str] | None:
+        """A loop whose body is one reduction step into an element that does not depend on the
+        loop iterator: accumulate in a register, read before and written after the loop (the
+        PPCG-style private promotion of §5.6).  None when the loop is not of that form."""
+        body = node.for_get_body()
+        if body.get_type() != isl.ast_node_type.user:
+            return None
+        expr = body.user_get_expr()
+        st = self.k.stmt(expr.op_get_arg(0).get_id().get_name())
+        s = st.tc.stmt
+        if st.kind != "update" or any(isinstance(x, A.Call) and x.name == s.lhs
+                                      for x in A.walk(s.rhs)):
+            return None
+        args = [expr.op_get_arg(i + 1).to_C_str() for i in range(expr.op_get_n_arg() - 1)]
+        it = node.for_get_iterator().to_C_str()
+        binds = dict(zip(st.vars, args))
+        if any(re.search(rf"\b{it}\b", binds[v]) for v in s.lhs_indices):
+            return None
+        pad = "  " * ind
+        t = st.tc.dtype
+        ct = self.ctype(t)
+        lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
+        outer = " ".join(f"const int {c_name(v)} = {binds[v]};" for v in s.lhs_indices)
+        inner = " ".join(f"const int {c_name(v)} = {binds[v]};" for v in st.vars
+                         if v not in s.lhs_indices)
+        step = self.combine(s.op, "_acc", f"({self.expr(s.rhs)})", t)
+        out = [f"{pad}{{ {outer}", f"{pad}  {ct} _acc = {lhs};"]
+        out += [f"{pad}  {p}" for p in self.loop_pragmas(None, True)]
+        out.append(f"{pad}  for (int {it} = {node.for_get_init().to_C_str()}; "
+                   f"{node.for_get_cond().to_C_str()}; {it} += {node.for_get_inc().to_C_str()}) {{")
+        out.append(f"{pad}    {{ {inner} _acc = ({ct})({step}); }}")
+        out.append(f"{pad}  }}")
+        out.append(f"{pad}  {lhs} = _acc;")
+        out.append(f"{pad}}}")
+        return out
 
     def loop_pragmas(self, mark: str | None, innermost: bool) -> list[str]:
         o = self.options
