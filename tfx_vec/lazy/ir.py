@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import itertools
 from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
@@ -38,14 +37,12 @@ import tensorflow as tf
 __all__ = ["Node", "Program", "canonicalize", "text", "short_dtype", "key_hash"]
 
 PARAM_OPS = frozenset({"data", "var", "scalar"})
-_serials = itertools.count()
 
 
 class Node:
     """One IR node.  Treat as frozen: construct a new node instead of changing one."""
 
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "serial", "sig",
-                 "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "sig", "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
                  dtype: tf.DType | None, value: Any = None):
@@ -55,7 +52,6 @@ class Node:
         self.shape = shape
         self.dtype = dtype
         self.value = value
-        self.serial = next(_serials)
         # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
         self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
 
@@ -79,7 +75,7 @@ class Node:
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return f"<Node %{self.serial} {short_dtype(self.dtype)}{list(self.shape or ())} {self.op}>"
+        return f"<Node {id(self):#x} {short_dtype(self.dtype)}{list(self.shape or ())} {self.op}>"
 
 
 class Program(NamedTuple):

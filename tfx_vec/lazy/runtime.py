@@ -53,7 +53,6 @@ _cache: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
 _tapes: "weakref.WeakSet" = weakref.WeakSet()  # lazy.GradientTapes that may still differentiate
-_EMPTY: list = []  # the empty scalar vector, made on first use (a tf.Tensor)
 
 
 def configure(*, fallback_error: bool | None = None, max_graphs: int | None | str = "keep",
@@ -144,7 +143,7 @@ def barrier(cause: str = "mark_step") -> None:
     slot[0] += time.perf_counter() - t0
     slot[1] += 1
     results = _execute(prog, cause)
-    fresh = {id(n): ir.Node.leaf("data", r) for n, r in zip(outputs, results)}
+    fresh = {id(n): ir.Node("data", (), (), n.shape, n.dtype, r) for n, r in zip(outputs, results)}
     for tape in _tapes:
         tape._remember(outputs, fresh)
     for t in live:
@@ -161,12 +160,7 @@ def _execute(prog: ir.Program, cause: str) -> list:
     else:
         _cache.move_to_end(prog.key)
         metrics.bump("cache_hits")
-    if prog.scalars:
-        scalars = tf.constant(prog.scalars, tf.float64)
-    else:
-        if not _EMPTY:
-            _EMPTY.append(tf.zeros([0], tf.float64))
-        scalars = _EMPTY[0]
+    scalars = _scalar_vector(prog.scalars)
     name = "compile" if first else "execute"
     try:
         with metrics.timer(name):
@@ -188,6 +182,17 @@ def _execute(prog: ir.Program, cause: str) -> list:
             out = fn(prog.data, scalars, prog.variables)
     metrics.bump("executions")
     return out
+
+
+_last_scalars: list = [None, None]  # (values, tensor): a training loop repeats its scalars
+
+
+def _scalar_vector(values: list) -> tf.Tensor:
+    """The program's Python scalars as one float64 vector (reused while they repeat)."""
+    key = tuple(values)
+    if key != _last_scalars[0]:
+        _last_scalars[0], _last_scalars[1] = key, tf.constant(values, tf.float64, shape=[len(key)])
+    return _last_scalars[1]
 
 
 def _compile(prog: ir.Program, cause: str) -> Any:

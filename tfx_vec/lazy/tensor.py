@@ -31,7 +31,7 @@ import tensorflow as tf
 from . import metrics, runtime
 from .errors import LazyShapeError
 from .ir import Node
-from .ops import GETITEM, OPS, OpDef, Unrecordable, freeze, freeze_index, infer
+from .ops import GETITEM, OPS, OpDef, Unrecordable, _spec_cache, freeze, freeze_index, infer
 
 __all__ = ["LazyTensor", "Variable", "tensor", "value", "record"]
 
@@ -136,9 +136,28 @@ class LazyTensor:
 
 def _operator(name: str, reflected: bool = False, logical: str | None = None):
     op, logical_op = OPS[name], OPS[logical] if logical else None
+    layout = tuple((p, -1) for p in op.tensors)
+    base = (op.name, layout, ())
 
     def method(self, other):
         chosen = logical_op if logical_op is not None and self.dtype == tf.bool else op
+        if chosen is op:  # fast path: both operands are lazy or a Python number, spec cached
+            a = self._node
+            if isinstance(other, LazyTensor):
+                b = other._node
+            elif type(other) in _PY_NUMBER:
+                b = _number(other, op.scalars, a.dtype)
+            else:
+                b = None
+            if b is not None:
+                if reflected:
+                    a, b = b, a
+                spec = _spec_cache.get(base + (a.sig if a.op != "const" else a.attrs,
+                                               b.sig if b.op != "const" else b.attrs))
+                if spec is not None and spec.structure is None:
+                    _counters["ops_recorded"] += 1
+                    shape, dtype = spec.flat[0]
+                    return LazyTensor(Node(op.name, (a, b), (layout, ()), shape, dtype))
         return record(chosen, (other, self) if reflected else (self, other), {})
     return method
 
