@@ -16,6 +16,8 @@ Example:
 import sys
 import types
 
+from tensorflow.python.autograph.core import config as _ag_config
+
 from tfx_vec.pfor.errors import PforError, VectorizationError
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, lookup, register_converter,
                                    registered_op_types)
@@ -36,3 +38,10 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+# AutoGraph must not convert this library's own code when pfor is called inside a
+# tf.function (TF exempts itself the same way): converting it costs seconds per first call.
+# The user's loop body is still converted, by trace.py, when the caller has AutoGraph on.
+if not any(getattr(r, "_prefix", None) == __name__ for r in _ag_config.CONVERSION_RULES):
+    _ag_config.CONVERSION_RULES = (_ag_config.DoNotConvert(__name__),) + tuple(
+        _ag_config.CONVERSION_RULES)

@@ -68,25 +68,31 @@ def _select(x: ConversionInput):
 # {{{ matrix products (paper §3.4: stacked x invariant = one reshaped matmul)
 
 
+def _swap_last_two(t: tf.Tensor) -> tf.Tensor:
+    """Transpose the last two axes of ``[n, a, b]``; a free reshape when a or b is 1."""
+    if t.shape.rank == 3 and 1 in t.shape.as_list()[1:]:
+        shape = tf.shape(t)
+        out = tf.reshape(t, tf.stack([shape[0], shape[2], shape[1]]))
+        out.set_shape([t.shape[0], t.shape[2], t.shape[1]])
+        return out
+    return tf.transpose(t, [0, 2, 1])
+
+
 @register_converter("MatMul")
 def _matmul(x: ConversionInput):
     a, b = x.input(0), x.input(1)
     ta, tb = x.attr("transpose_a"), x.attr("transpose_b")
     if a.is_stacked and not b.is_stacked:
-        at = tf.transpose(a.t, [0, 2, 1]) if ta else a.t          # [n, m, k]
+        at = _swap_last_two(a.t) if ta else a.t                   # [n, m, k]
         flat, lead = fold_batch(at)                                # [n*m, k]
         out = tf.matmul(flat, b.t, transpose_b=tb)
         return stacked(unfold_batch(out, lead, at.shape[:2]))
     if b.is_stacked and not a.is_stacked:
-        # a @ b_i for every i: [m,k] @ [k, n*p] after moving the batch next to the columns.
-        bt = tf.transpose(b.t, [0, 2, 1]) if tb else b.t          # [n, k, p]
-        k_p = tf.shape(bt)[1:]
-        cols = tf.reshape(tf.transpose(bt, [1, 0, 2]), [k_p[0], -1])  # [k, n*p]
-        out = tf.matmul(a.t, cols, transpose_a=ta)                 # [m, n*p]
-        out = tf.reshape(out, [tf.shape(out)[0], -1, k_p[1]])
-        out = tf.transpose(out, [1, 0, 2])
-        out.set_shape([bt.shape[0], x.op.outputs[0].shape[0], bt.shape[2]])
-        return stacked(out)
+        # (A @ B_i)^T = B_i^T @ A^T: fold the stacked B^T rows into one [n*p, k] @ [k, m].
+        bt = b.t if tb else _swap_last_two(b.t)                    # [n, p, k]
+        flat, lead = fold_batch(bt)
+        out = tf.matmul(flat, a.t, transpose_b=not ta)             # [n*p, m]
+        return stacked(_swap_last_two(unfold_batch(out, lead, bt.shape[:2])))
     return stacked(tf.linalg.matmul(a.t, b.t, transpose_a=ta, transpose_b=tb))
 
 
