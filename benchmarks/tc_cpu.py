@@ -4,7 +4,8 @@ The paper's kernels at its sizes where they fit this machine (§7, appendix A.4)
 (M,K,N) = (128,32,256) and (128,1024,1024), tbmm (B,N,M,K) = (500,26,72,26), grouped convolution,
 2LUT, MLP3 and fcrelu.  Each TC runs through the public API (``mod.entry(*tf_tensors)``, tf.Tensor
 in and out) with its default MappingOptions; we report median milliseconds, the ratio to each peer,
-and in the notes the TC kernel's GFLOP/s and its fraction of the machine's measured matmul peak
+("tc_cpu_1thread": the same kernel without OpenMP, to separate the kernel's quality from thread
+start-up on a shared machine), and in the notes the TC kernel's GFLOP/s and its fraction of the machine's measured matmul peak
 (a 2048^3 ``tf.matmul`` in ``tf.function``).
 
 Run: ``.venv/bin/python -m benchmarks tc_cpu`` (``--quick``: small sizes, a subset).
@@ -149,6 +150,8 @@ def run(quick: bool = False) -> Report:
         for o, r in zip(ours, ref):
             np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=2e-3, atol=2e-3)
         t = rep.measure(name, "tc_cpu", lambda: e(*tc_in), **kw)
+        one = e.options.replace(parallel=0)
+        rep.measure(name, "tc_cpu_1thread", lambda: e(*tc_in, options=one), **kw)
         tf_in = [tf.constant(x) for x in tf_args]
         rep.measure(name, "tf_eager", lambda: tf_fn(*tf_in), **kw)
         fn = tf.function(tf_fn)

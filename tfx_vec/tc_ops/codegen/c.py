@@ -172,7 +172,8 @@ class CPrinter:
             out = []
             for child in _ast_list(node.block_get_children()):
                 out += self.emit_node(child, ind, mark if child.get_type() in (
-                    isl.ast_node_type.for_, isl.ast_node_type.mark) else None)
+                    isl.ast_node_type.for_, isl.ast_node_type.mark, isl.ast_node_type.block)
+                    else None)
             return out
         if t == isl.ast_node_type.mark:
             inner, name = node.mark_get_node(), node.mark_get_id().get_name()
