@@ -97,6 +97,11 @@ def test_cpu_strategy_in_the_generated_code():
                           [((256, 512), f32), ((64, 512), f32), ((64,), f32)])
     # fused: bias, reduction and relu of one (b, n) tile are in one loop nest
     assert src.count("#pragma omp parallel for") == 1
+    # the reduction loop isl peels between init and relu still accumulates in a vector register
+    src, _ = cpu.generate(BY_NAME["fcrelu"].source, "fcrelu",
+                          [((256, 512), f32), ((64, 512), f32), ((64,), f32)],
+                          tc.MappingOptions(tile=(32, 32)))
+    assert "reduction(+:tc_acc)" in src
 
 
 def test_several_outputs_return_a_tuple_and_shapes_are_inferred():
