@@ -39,17 +39,16 @@ def _run_steps(runtime, num_steps=2, **kw):
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5,
                             runtime="program_counter" if runtime == "xla" else runtime, **kw)
 
-    def steps(state):
-        results = kernel.bootstrap_results(state)
-        out = []
-        for i in range(num_steps):
-            state, results = kernel.one_step(state, results, seed=(7, i))
-            out.append((state, results))
-        return out
-
-    if runtime == "xla":
-        steps = tf.function(steps, jit_compile=True)
-    return steps(_two_part_state())
+    step = kernel.one_step
+    if runtime == "xla":  # compiled once, called once per step
+        step = tf.function(step, jit_compile=True)
+    state = _two_part_state()
+    results = kernel.bootstrap_results(state)
+    out = []
+    for i in range(num_steps):
+        state, results = step(state, results, seed=tf.constant([7, i]))
+        out.append((state, results))
+    return out
 
 
 def _assert_same(a, b, rtol=2e-5, atol=2e-5):
