@@ -103,3 +103,8 @@ def vgg(params, image: tf.Tensor) -> tf.Tensor:
     return tf.matmul(tf.reshape(h, [1, -1]), params[-1])[0]
 
 # }}}
+
+
+def compiled(f):
+    """One ``tf.function`` per implementation under test (the models need no AutoGraph)."""
+    return tf.function(f, autograph=False)

@@ -58,9 +58,9 @@ def run(quick: bool) -> Report:
         for model, f, x in _models(size, quick):
             case = f"{model} out={size}"
             impls = {
-                "tfx_vec": tf.function(lambda x, f=f: jacobian(f, x)),
-                "while_loop": tf.function(lambda x, f=f: _tape_jacobian(f, x, False)),
-                "tf_pfor": tf.function(lambda x, f=f: _tape_jacobian(f, x, True)),
+                "tfx_vec": M.compiled(lambda x, f=f: jacobian(f, x)),
+                "while_loop": M.compiled(lambda x, f=f: _tape_jacobian(f, x, False)),
+                "tf_pfor": M.compiled(lambda x, f=f: _tape_jacobian(f, x, True)),
             }
             for name, fn in impls.items():
                 try:

@@ -39,11 +39,11 @@ def run(quick: bool) -> Report:
         seqs = tf.constant(rng.normal(size=[b, 100, d_in]).astype(np.float32))
         tokens = float(tf.reduce_sum(lengths))
         impls = {
-            "tfx_vec": tf.function(lambda s, n: api.pfor(
+            "tfx_vec": M.compiled(lambda s, n: api.pfor(
                 lambda i: one(tf.gather(s, i), tf.gather(n, i)), tf.shape(n)[0])),
-            "while_loop": tf.function(lambda s, n: tf.map_fn(
+            "while_loop": M.compiled(lambda s, n: tf.map_fn(
                 lambda a: one(a[0], a[1]), (s, n), fn_output_signature=tf.float32)),
-            "tf.vectorized_map": tf.function(lambda s, n: tf.vectorized_map(
+            "tf.vectorized_map": M.compiled(lambda s, n: tf.vectorized_map(
                 lambda a: one(a[0], a[1]), (s, n))),
         }
         for name, fn in impls.items():

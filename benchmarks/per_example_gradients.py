@@ -26,7 +26,7 @@ def _cases(quick: bool):
         lstm, d_in = M.lstm_params(16, 32, d_out=10), 16
         batches = [8, 32]
     else:
-        mnist = M.mnist_params(channels=(16, 32), hidden=256)
+        mnist = M.mnist_params(channels=(8, 16), hidden=128)
         lstm, d_in = M.lstm_params(64, 128, d_out=10), 64
         batches = [1, 8, 32, 128, 256]
 
@@ -65,11 +65,11 @@ def run(quick: bool) -> Report:
     repeats, warmup = (3, 1) if quick else (5, 2)
     for case, loss_fn, variables, batch, b in _cases(quick):
         impls = {
-            "tfx_vec": tf.function(lambda batch, f=loss_fn, v=variables:
+            "tfx_vec": M.compiled(lambda batch, f=loss_fn, v=variables:
                                    per_example_gradients(f, v, batch)),
-            "while_loop": tf.function(lambda batch, f=loss_fn, v=variables:
+            "while_loop": M.compiled(lambda batch, f=loss_fn, v=variables:
                                       per_example_gradients(f, v, batch, use_pfor=False)),
-            "tf.vectorized_map": tf.function(lambda batch, f=loss_fn, v=variables:
+            "tf.vectorized_map": M.compiled(lambda batch, f=loss_fn, v=variables:
                                              _tf_vectorized_map(f, v, batch)),
         }
         for name, fn in impls.items():

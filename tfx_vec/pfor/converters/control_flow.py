@@ -305,51 +305,62 @@ class _While:
         return [WrappedTensor(t, f) for t, f in zip(outs[1:], flags)]
 
     def partitioned(self, flags):
-        """Paper §3.7: track the active iterations; finished ones go to TensorArrays."""
+        """Paper §3.7: track the active iterations; finished ones go to TensorArrays.
+
+        Each step evaluates the condition on the active rows; only when some row finished
+        (a ``tf.cond``, so steps where none finishes pay nothing) are the finished rows written
+        to per-iteration TensorArrays and the loop state compacted to the remaining rows.
+        """
         x, n = self.x, self.n
         k = len(flags)
-        tracked = [not p for p in self.pass_through]
-        tas = [tf.TensorArray(o.dtype, size=n, infer_shape=False,
-                              element_shape=o.shape if o.shape.is_fully_defined() else None)
-               for o in x.op.outputs]
+        tracked = [i for i, p in enumerate(self.pass_through) if not p]
+        tas = [tf.TensorArray(x.op.outputs[i].dtype, size=n, infer_shape=False,
+                              element_shape=(x.op.outputs[i].shape
+                                             if x.op.outputs[i].shape.is_fully_defined() else None))
+               for i in tracked]
         init_vars = [w.t for w in self._init(flags)]
-        body_fn = None
 
-        def body(not_done, rows, *state):
-            nonlocal body_fn
-            vars_, tas_ = list(state[:k]), list(state[k:])
+        def compact(c, rows, vars_, tas_):
             m = tf.size(rows)
-            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)], m)[0]
-            c = tf.reshape(_stack(c, m), [-1])
             done_pos, keep_pos = tf.dynamic_partition(tf.range(m), tf.cast(c, tf.int32), 2)
             done_rows = tf.gather(rows, done_pos)
-            for i in range(k):
-                if tracked[i]:
-                    w = WrappedTensor(vars_[i], flags[i])
-                    done_vals = (tf.gather(w.t, done_pos) if flags[i]
-                                 else tile_to_stacked(w.t, tf.size(done_pos)))
-                    tas_[i] = tas_[i].scatter(done_rows, done_vals)
+            new_tas = []
+            for i, ta in zip(tracked, tas_):
+                done_vals = (tf.gather(vars_[i], done_pos) if flags[i]
+                             else tile_to_stacked(vars_[i], tf.size(done_pos)))
+                new_tas.append(ta.scatter(done_rows, done_vals))
             kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, flags)]
-            rows = tf.gather(rows, keep_pos)
-            not_done = tf.size(keep_pos) > 0
+            return [tf.gather(rows, keep_pos)] + kept + new_tas
+
+        def body(not_done, rows, *state):
+            vars_, tas_ = list(state[:k]), list(state[k:])
+            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
+                         tf.size(rows))[0]
+            c = tf.reshape(_stack(c, tf.size(rows)), [-1])
+            out = tf.cond(tf.reduce_all(c), lambda: [rows] + vars_ + tas_,
+                          lambda: compact(c, rows, vars_, tas_))
+            rows, vars_, tas_ = out[0], list(out[1:1 + k]), list(out[1 + k:])
+            for i, f in enumerate(flags):
+                vars_[i].set_shape(self.shape_invariant(i, f))
+            not_done = tf.size(rows) > 0
             body_fn = self._body_fn(flags, lambda: tf.size(rows))
-            new = tf.cond(not_done, lambda: body_fn(*kept), lambda: kept)
+            new = tf.cond(not_done, lambda: body_fn(*vars_), lambda: vars_)
             if not isinstance(new, (list, tuple)):
                 new = [new]
             return [not_done, rows] + list(new) + tas_
 
         invariants = ([tf.TensorShape([]), tf.TensorShape([None])]
                       + [self.shape_invariant(i, f) for i, f in enumerate(flags)]
-                      + [tf.TensorShape(None)] * k)
+                      + [tf.TensorShape(None)] * len(tracked))
         res = tf.while_loop(lambda not_done, *_: not_done, body,
                             [tf.constant(True), tf.range(n)] + init_vars + tas,
                             shape_invariants=invariants,
                             parallel_iterations=self.parallel_iterations)
-        final_tas = res[2 + k:]
+        final = dict(zip(tracked, res[2 + k:]))
         outs = []
         for i in range(k):
-            if tracked[i]:
-                stacked_out = final_tas[i].stack()
+            if i in final:
+                stacked_out = final[i].stack()
                 stacked_out.set_shape(self.shape_invariant(i, True))
                 outs.append(WrappedTensor(stacked_out, True))
             else:
