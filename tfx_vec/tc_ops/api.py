@@ -30,7 +30,7 @@ from . import lang
 from .backends import KernelSpec, get_backend
 from .errors import TcError, TcNameError, TcShapeError
 from .lang import ast as A
-from .lang.ranges import Ranges, infer_ranges
+from .lang.ranges import Ranges, check_values, infer_ranges
 from .lang.sema import CheckedDef, check
 from .lang.types import np_dtype
 from .options import MappingOptions
@@ -106,8 +106,6 @@ def compile_def(cdef: CheckedDef, shapes: dict, scalars: dict | None = None,
                 backend: str = "cpu", options: MappingOptions | None = None,
                 value_ranges: dict | None = None):
     """Infer ranges at ``shapes`` and compile with ``backend``; returns (kernel, ranges)."""
-    if value_ranges is None:   # compile-time only: no values, so no data-dependent check
-        value_ranges = {n: (0, 0) for n in _index_inputs(cdef)}
     ranges = infer_ranges(cdef, shapes, scalars, value_ranges)
     options = options or MappingOptions.default_for(cdef.ast)
     return get_backend(backend).compile(KernelSpec(cdef, ranges, options)), ranges
@@ -181,22 +179,19 @@ class Entry:
 
     def _prepare(self, arrays: list[np.ndarray], options: MappingOptions):
         key, scalars = self._key_and_scalars(arrays)
-        shapes = {p.name: a.shape for p, a in zip(self._params, arrays) if not p.is_scalar}
-        values = None
-        if self._index_inputs:
-            values = {}
-            for p, a in zip(self._params, arrays):
-                if p.name in self._index_inputs:
-                    values[p.name] = (int(a.min()), int(a.max())) if a.size else (0, 0)
-            infer_ranges(self.cdef, shapes, scalars, values)   # raises if a value is out of range
         full = key + (options,)     # frozen dataclass: hashable, equal options share a kernel
         hit = self._compiled.get(full)
         if hit is None:
+            shapes = {p.name: a.shape for p, a in zip(self._params, arrays) if not p.is_scalar}
             with self._lock:
                 hit = self._compiled.get(full)
                 if hit is None:
-                    hit = compile_def(self.cdef, shapes, scalars, self.backend, options, values)
+                    hit = compile_def(self.cdef, shapes, scalars, self.backend, options)
                     self._compiled[full] = hit
+        if self._index_inputs:       # index values change per call: check them every time
+            values = {p.name: ((int(a.min()), int(a.max())) if a.size else (0, 0))
+                      for p, a in zip(self._params, arrays) if p.name in self._index_inputs}
+            check_values(self.cdef, hit[1], values)
         self._last = hit[0]
         return hit
 
@@ -233,8 +228,7 @@ class Entry:
         """Inferred output shapes for the given input tensor shapes (no compilation)."""
         tensor_params = [p for p in self._params if not p.is_scalar]
         shapes = {p.name: tuple(s) for p, s in zip(tensor_params, input_shapes)}
-        vr = {n: (0, 0) for n in self._index_inputs}
-        r: Ranges = infer_ranges(self.cdef, shapes, scalars, vr)
+        r: Ranges = infer_ranges(self.cdef, shapes, scalars)
         return tuple(r.shapes[n] for n in self.cdef.outputs)
 
 

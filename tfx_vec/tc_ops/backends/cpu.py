@@ -152,13 +152,7 @@ def generate(source: str, entry: str, input_specs, options=None, scalars: dict |
         raise TcShapeError(f"{entry}: expected {len(params)} input specs, got {len(input_specs)}")
     shapes = {p.name: tuple(s) for p, (s, _) in zip(params, input_specs)}
     from ..lang.ranges import infer_ranges
-    ranges = infer_ranges(cdef, shapes, scalars,
-                          {n: (0, 0) for n in _index_inputs_of(cdef)})
+    ranges = infer_ranges(cdef, shapes, scalars)
     spec = KernelSpec(cdef, ranges, options or MappingOptions.default_for(cdef.ast))
     outs = [(n, ranges.shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
     return kernel_source(spec), outs
-
-
-def _index_inputs_of(cdef):
-    from ..api import _index_inputs
-    return _index_inputs(cdef)

@@ -27,7 +27,7 @@ from . import ast as A
 from .printer import expr_to_tc
 from .sema import CheckedDef, linear_in
 
-__all__ = ["Ranges", "infer_ranges", "interval"]
+__all__ = ["Ranges", "infer_ranges", "interval", "check_values"]
 
 Interval = tuple  # (lo, hi) inclusive integers
 
@@ -42,6 +42,7 @@ class Ranges:
     shapes: dict
     stmt_ranges: tuple
     clamp: frozenset       # ids of Call nodes (reads) needing clamped subscripts
+    value_checks: tuple = ()   # (constraint, env) of subscripts indexed by input values
 
     def key(self) -> tuple:
         return (tuple(sorted(self.sizes.items())), tuple(sorted(self.shapes.items())),
@@ -220,19 +221,41 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
         envs[cs.index] = env
         if s.lhs not in all_shapes:
             all_shapes[s.lhs] = tuple(ordered[v][1] for v in s.lhs_indices)
+    value_checks = []
     for cs in d.stmts:
         env = envs[cs.index]
         for c in cs.checks:
-            n = all_shapes[c.tensor][c.dim]
-            iv = interval(c.expr, env, all_shapes, value_ranges)
-            if iv is None:
-                if any(isinstance(x, A.Call) for x in A.walk(c.expr)):
-                    clamp.update(id(x) for x in cs.reads if c.expr in x.args)
+            inner = {x.name for x in A.walk(c.expr) if isinstance(x, A.Call)}
+            if inner and all(d.tensors[r].kind == "input" for r in inner):
+                value_checks.append((c, env))     # index values known per call: check_values
+                if value_ranges is None:
                     continue
-                raise err(f"cannot bound subscript {expr_to_tc(c.expr)} of {c.tensor}", c.span)
-            if iv[0] < 0 or iv[1] > n - 1:
-                raise err(f"subscript {expr_to_tc(c.expr)} of {c.tensor} ranges over "
-                          f"[{iv[0]}, {iv[1]}] but dimension {c.dim} of {c.tensor} has size {n}",
-                          c.span)
+            elif inner:
+                clamp.update(id(x) for x in cs.reads if c.expr in x.args)
+                continue
+            _check_subscript(d, c, env, all_shapes, value_ranges)
     return Ranges(sizes, all_shapes, tuple(stmt_ranges[k] for k in range(len(d.stmts))),
-                  frozenset(clamp))
+                  frozenset(clamp), tuple(value_checks))
+
+
+def _check_subscript(d: CheckedDef, c, env, shapes, values) -> None:
+    n = shapes[c.tensor][c.dim]
+    iv = interval(c.expr, env, shapes, values)
+    if iv is None:
+        raise TcRangeError(f"in def {d.name}: cannot bound subscript {expr_to_tc(c.expr)} of "
+                           f"{c.tensor}", c.span, d.source or None)
+    if iv[0] < 0 or iv[1] > n - 1:
+        raise TcRangeError(f"in def {d.name}: subscript {expr_to_tc(c.expr)} of {c.tensor} "
+                           f"ranges over [{iv[0]}, {iv[1]}] but dimension {c.dim} of {c.tensor} "
+                           f"has size {n}", c.span, d.source or None)
+
+
+def check_values(d: CheckedDef, ranges: Ranges, values: Mapping[str, Interval]) -> None:
+    """Check the data-dependent subscripts whose index tensors are inputs, given the (min, max)
+    of those inputs' values (cheap: run per call, after the shape-keyed inference is cached).
+
+    Raises:
+        TcRangeError: an index value would read outside its tensor.
+    """
+    for c, env in ranges.value_checks:
+        _check_subscript(d, c, env, ranges.shapes, values)
