@@ -15,9 +15,11 @@ Given ``def f(inputs) -> (outputs) { statements }`` it writes
    ``+=`` also passes ``d_T`` through to the previous version.
 
 Supported: ``=``, ``+=``, ``+=!``, ``max=``, ``max=!``, ``min=``, ``min=!``; arithmetic, ``?:``,
-casts and the builtins in :data:`_DERIVATIVES`.  Limits (a :class:`TcGradientError` names the TC
-line and column): an access of a differentiated tensor whose subscripts are not distinct plain
-indices (``I(h + kh)``: give a backward TC by hand), ``*=`` reductions, builtins without a rule.
+casts and the builtins in :data:`_DERIVATIVES`; any subscript: distinct plain indices directly,
+others (``I(h + kh)``, constants, ``LUT(I(b,l), d)``) through a fresh index over the dimension
+and a one-hot factor (exact; a convolution's input gradient then costs a loop over the input
+extent more than a hand-written one).  Limits (a :class:`TcGradientError` names the TC line and
+column): ``*=`` reductions, builtins without a derivative rule.
 
 Example:
     >>> src = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
@@ -241,32 +243,38 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
     current: dict[str, str] = {n: n for n in params}
     versions: list[_Version] = []
     reads: list[dict[str, str]] = []   # per statement: tensor -> version name it reads
-    lines: list[str] = []
     count: dict[str, int] = {}
     for s in d.stmts:
         reads.append(dict(current))
         count[s.lhs] = count.get(s.lhs, 0) + 1
-        v = _Version(s.lhs, f"{s.lhs}_v{count[s.lhs]}", len(s.lhs_indices))
-        rn = reads[-1].get
+        versions.append(_Version(s.lhs, f"{s.lhs}_v{count[s.lhs]}", len(s.lhs_indices)))
+        if s.op != "=" and not s.init and (s.lhs not in current or s.lhs in params):
+            raise TcGradientError(f"{s.lhs} is updated with {s.op} before being written",
+                                  s.span, source)
+        current[s.lhs] = versions[-1].name
+    writer = {v.name: (s, rd) for s, v, rd in zip(d.stmts, versions, reads)}
+    size_of = _sizer(params, writer, versions,
+                     lambda e, rd: _text(e, lambda n: rd.get(n, n)))
+    lines: list[str] = []
+    for s, v, rd in zip(d.stmts, versions, reads):
+        rn = rd.get
         lhs = f"{v.name}({','.join(s.lhs_indices)})"
-        where = _where(s, rn)
         rhs = _text(s.rhs, lambda n: rn(n, n))
+        # every version is a tensor of its own: bound the left indices its statement leaves
+        # unbounded (e.g. "b" in fcrelu's "O(b,n) = bias(n)") by the tensor's size
+        where = _where(s, rn)
+        extra = _range_for(list(s.lhs_indices), rhs, s, v.name, size_of)
+        if extra:
+            where = (where + ", " + extra) if where else " where " + extra
         if s.op == "=" or s.init:
             lines.append(f"{lhs} {s.op}{'!' if s.init else ''} {rhs}{where}")
         else:
-            if s.lhs not in current or s.lhs in params:
-                raise TcGradientError(f"{s.lhs} is updated with {s.op} before being written",
-                                      s.span, source)
-            lines.append(f"{lhs} = {current[s.lhs]}({','.join(s.lhs_indices)}){where}")
+            lines.append(f"{lhs} = {rd[s.lhs]}({','.join(s.lhs_indices)}){where}")
             lines.append(f"{lhs} {s.op} {rhs}{where}")
-        versions.append(v)
-        current[s.lhs] = v.name
 
     # 2. adjoints, statements in reverse order
     grads: dict[str, _Version] = {v.name: v for v in versions}
     input_grads = {n: _Version(n, n, len(params[n].dims or ())) for n in wrt}
-    writer = {v.name: (s, rd) for s, v, rd in zip(d.stmts, versions, reads)}
-    size_of = _sizer(params, writer, lambda e, rd: _text(e, lambda n: rd.get(n, n)))
     back: list[str] = []
     read_later = {name for rd in reads for name in rd.values()}
     for out in d.returns:
@@ -299,9 +307,11 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
             partial = differ(s.rhs, acc)
             if partial is None:
                 continue
-            subs = _plain_subscripts(acc, s, source)
-            contrib = _mul(seed, partial)
-            extra = _range_for(subs, contrib, s, src_version, size_of)
+            subs, onehot, fresh = _subscripts(acc, rename, size_of, src_version)
+            contrib = _mul(_mul(seed, partial), onehot) if onehot else _mul(seed, partial)
+            extra = _range_for([x for x in subs if not x.startswith("_g")], contrib, s,
+                               src_version, size_of)
+            extra = ", ".join(x for x in (extra, fresh) if x)
             back.append(_accumulate(target, subs, contrib, where, extra))
         if s.op != "=" and not s.init:  # T_k = T_{k-1} (op) reduction: pass through
             prev = grads[rd[s.lhs]]
@@ -347,49 +357,73 @@ def _where(s: A.Stmt, rn: Callable) -> str:
                                  for w in s.where)
 
 
-def _plain_subscripts(acc: A.Call, s: A.Stmt, source: str) -> list[str]:
-    subs = []
-    for a in acc.args:
-        if not isinstance(a, A.Ident) or a.name in subs:
-            raise TcGradientError(
-                f"cannot differentiate through {acc.name}(...): its subscripts must be distinct "
-                "plain indices to be written on a left-hand side (give a backward TC)",
-                getattr(a, "span", acc.span), source)
-        subs.append(a.name)
-    return subs
+def _subscripts(acc: A.Call, rename: Callable[[str], str], size_of, tensor: str
+                ) -> tuple[list[str], str | None, str]:
+    """Left-hand indices for the adjoint of ``acc`` plus a one-hot factor and ``where`` ranges.
+
+    Distinct plain indices are used as they are.  Any other subscript (``h + kh``, a constant,
+    ``I(b,l)``, a repeated index) gets a fresh index ``_g<k>`` over the whole dimension and the
+    factor ``(_g<k> == subscript ? 1 : 0)``: exact, at the price of a loop over that dimension.
+    """
+    subs, conds, ranges = [], [], []
+    for k, a in enumerate(acc.args):
+        if isinstance(a, A.Ident) and a.name not in subs:
+            subs.append(a.name)
+            continue
+        g = f"_g{k}"
+        subs.append(g)
+        conds.append(f"{g} == {_text(a, rename)}")
+        ranges.append(f"{g} in 0:{size_of(tensor, k)}")
+    factor = _select(" && ".join(conds)) if conds else None
+    return subs, factor, ", ".join(ranges)
 
 
-def _range_for(subs: list[str], contrib: str, s: A.Stmt, tensor: str, size_of) -> str:
-    """``where`` ranges for subscripts that nothing else in the statement bounds."""
+def _range_for(subs: list[str], text: str, s: A.Stmt, tensor: str, size_of) -> str:
+    """``where`` ranges for the indices ``subs`` of ``tensor`` that no access in ``text`` bounds."""
     import re
 
-    used = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", contrib)) | {w.var for w in s.where}
+    used = {w.var for w in s.where}
+    for m in re.finditer(r"[A-Za-z_][A-Za-z_0-9]*\(([^()]*)\)", text):
+        used |= set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", m.group(1)))
     return ", ".join(f"{i} in 0:{size_of(tensor, k)}"
                      for k, i in enumerate(subs) if i not in used)
 
 
-def _sizer(params: dict, writer: dict, rename_text: Callable) -> Callable[[str, int], str]:
+def _sizer(params: dict, writer: dict, versions: list, rename_text: Callable
+           ) -> Callable[[str, int], str]:
     """``size_of(tensor_version, k)``: dimension ``k``'s size as a TC expression of the signature.
 
-    An input's size is in its declaration; a written tensor's is traced through the statement
-    that wrote it to a declared size (its ``where`` bound, or the access that bounded the index),
-    with ``name.k`` as the last resort.
+    An input's size is in its declaration; a written tensor's (all its versions share it) is
+    traced through any statement that writes it to a declared size (a ``where`` bound, or an
+    access that bounds the index), with ``name.k`` as the last resort.
     """
-    def size_of(name: str, k: int) -> str:
+    tensor_of = {v.name: v.tensor for v in versions}
+    by_tensor: dict[str, list] = {}
+    for v in versions:
+        by_tensor.setdefault(v.tensor, []).append(writer[v.name])
+
+    def size_of(name: str, k: int, seen: frozenset = frozenset()) -> str | None:
         if name in params:
             return str(params[name].dims[k])
-        s, rd = writer[name]
-        var = s.lhs_indices[k]
-        for w in s.where:
-            if w.var == var:
-                return rename_text(w.hi, rd)
-        for e in A.walk(s.rhs):
-            if isinstance(e, A.Call) and e.name in rd:
-                for j, a in enumerate(e.args):
-                    if isinstance(a, A.Ident) and a.name == var:
-                        return size_of(rd[e.name], j)
-        return f"{name}.{k}"
-    return size_of
+        tensor = tensor_of.get(name, name)
+        if (tensor, k) in seen:
+            return None
+        seen = seen | {(tensor, k)}
+        for s, rd in by_tensor.get(tensor, []):
+            var = s.lhs_indices[k]
+            for w in s.where:
+                if w.var == var:
+                    return rename_text(w.hi, rd)
+            for e in A.walk(s.rhs):
+                if isinstance(e, A.Call) and e.name in rd:
+                    for j, a in enumerate(e.args):
+                        if isinstance(a, A.Ident) and a.name == var:
+                            found = size_of(rd[e.name], j, seen)
+                            if found is not None:
+                                return found
+        return None
+
+    return lambda name, k: size_of(name, k) or f"{name}.{k}"
 
 
 def _accumulate(target: _Version, subs: list[str], contrib: str, where: str, extra: str) -> str:

@@ -38,7 +38,8 @@ import tensorflow as tf
 
 from .cache import cache_root
 
-__all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError"]
+__all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError",
+           "TcFunction", "tc_function"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_kernel_op.cc")
@@ -124,3 +125,151 @@ def kernel_op(inputs: Sequence, *, source: str, entry: str,
         output_shapes=[tuple(int(d) for d in s) for s in output_shapes],
         entry=entry, source=source, source_hash=source_hash(source, compiler, flags),
         compiler=compiler, compile_flags=flags)
+
+
+# -- TC entry points as TF ops with gradients -------------------------------------------------
+class TcFunction:
+    """A TC def as a TensorFlow op (the ``TcKernel`` op on the cpu backend's generated C).
+
+    Call it on tensors (eager or inside ``tf.function``; static shapes required): the C source is
+    generated once per input signature and options, and travels in the op.  The gradient is a
+    backward TC: ``backward="auto"`` derives it (``grad.backward_tc``), a ``(source, entry)``
+    pair gives one by hand (parameters: forward inputs, then one gradient per forward output;
+    returns one gradient per floating-point tensor input), ``None`` makes the op
+    non-differentiable.
+
+    Example::
+
+        f = TcFunction("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+                       "{ C(m,n) +=! A(m,kk) * B(n,kk) }", "tmm")
+        with tf.GradientTape() as tape:
+            tape.watch(A)
+            C = f(A, B)
+        dA = tape.gradient(C, A)
+    """
+
+    def __init__(self, source: str, entry: str, *, backward="auto", options=None,
+                 wrt: Sequence[str] | None = None):
+        from .api import define
+
+        self.source, self.entry = source, entry
+        self.cdef = define(source)[entry].cdef
+        self.options = options
+        self._specs: dict = {}
+        self._lock = threading.Lock()
+        self._backward_spec = backward
+        self._backward: "TcFunction | None" = None
+        floats = tuple(p.name for p in self.cdef.inputs
+                       if not p.is_scalar and p.dtype in ("float", "double", "half"))
+        self.wrt = floats if wrt is None else tuple(wrt)
+        for n in self.wrt:
+            if n not in floats:
+                raise ValueError(f"TC {entry}: wrt={n!r} is not a floating-point tensor input "
+                                 f"(those are {list(floats)})")
+
+    @property
+    def backward(self) -> "TcFunction":
+        """The backward TC as a TcFunction (derived on first use when ``backward="auto"``)."""
+        if self._backward is None:
+            spec = self._backward_spec
+            if spec is None:
+                raise TypeError(f"TC {self.entry} was made without a gradient (backward=None)")
+            if spec == "auto":
+                from .grad import backward_tc
+                b = backward_tc(self.source, self.entry, self.wrt)
+                spec = (b.source, b.entry)
+            self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options)
+        return self._backward
+
+    def _kernel(self, inputs: list[tf.Tensor]) -> tuple[str, list, list]:
+        """(C source, output shapes, output dtypes) for these inputs' static shapes."""
+        from .backends import KernelSpec
+        from .backends.cpu import kernel_source
+        from .errors import TcShapeError
+        from .lang.ranges import infer_ranges
+        from .lang.types import np_dtype
+        from .options import MappingOptions
+
+        params = self.cdef.inputs
+        if len(inputs) != len(params):
+            raise TcShapeError(f"{self.entry} takes {len(params)} input(s) "
+                               f"({', '.join(p.name for p in params)}), got {len(inputs)}")
+        shapes, scalars = {}, {}
+        for p, x in zip(params, inputs):
+            if x.dtype != tf.as_dtype(np_dtype(p.dtype)):
+                raise TcShapeError(f"{self.entry}: input {p.name} is declared {p.dtype} but got "
+                                   f"{x.dtype.name}")
+            if not x.shape.is_fully_defined():
+                raise TcShapeError(f"{self.entry}: input {p.name} has a shape {x.shape} that is "
+                                   "not fully known; TC kernels are compiled per static shape")
+            if p.is_scalar:
+                if p.name in self.cdef.structural_scalars:
+                    v = tf.get_static_value(x)
+                    if v is None:
+                        raise TcShapeError(f"{self.entry}: scalar {p.name} sizes or indexes "
+                                           "tensors, so it must be a constant")
+                    scalars[p.name] = int(v)
+            else:
+                shapes[p.name] = tuple(x.shape)
+        key = (tuple(sorted(shapes.items())), tuple(sorted(scalars.items())))
+        with self._lock:
+            hit = self._specs.get(key)
+            if hit is None:
+                values = {n: (0, 0) for n in _index_inputs(self.cdef)}
+                ranges = infer_ranges(self.cdef, shapes, scalars, values)
+                options = self.options or MappingOptions.default_for(self.cdef.ast)
+                src = kernel_source(KernelSpec(self.cdef, ranges, options))
+                outs = [ranges.shapes[n] for n in self.cdef.outputs]
+                dts = [np_dtype(self.cdef.tensors[n].dtype) for n in self.cdef.outputs]
+                hit = self._specs[key] = (src, outs, dts)
+        return hit
+
+    @tf.autograph.experimental.do_not_convert
+    def raw(self, *inputs) -> list[tf.Tensor]:
+        """The outputs, with no gradient attached."""
+        from .backends.cpu import CFLAGS, compiler
+
+        inputs = [tf.convert_to_tensor(x) for x in inputs]
+        src, shapes, dtypes = self._kernel(inputs)
+        return kernel_op(inputs, source=src, entry=self.cdef.name, output_shapes=shapes,
+                         output_dtypes=dtypes, compiler=compiler(),
+                         flags=" ".join(CFLAGS) + " -lm")
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, *inputs):
+        inputs = [tf.convert_to_tensor(x) for x in inputs]
+        if self._backward_spec is None:
+            outs = self.raw(*inputs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        wrt_pos = [i for i, p in enumerate(self.cdef.inputs) if p.name in self.wrt]
+
+        @tf.custom_gradient
+        def op(*xs):
+            outs = self.raw(*xs)
+
+            def grad(*dys):
+                dys = [tf.zeros_like(o) if d is None else d for d, o in zip(dys, outs)]
+                d = self.backward.raw(*xs, *dys)
+                res = [None] * len(xs)
+                for k, pos in enumerate(wrt_pos):
+                    res[pos] = d[k]
+                return res
+
+            return (outs[0] if len(outs) == 1 else tuple(outs)), grad
+
+        return op(*inputs)
+
+
+def _index_inputs(cdef) -> tuple[str, ...]:
+    from .api import _index_inputs as f
+    return f(cdef)
+
+
+def tc_function(source: str, entry: str, *, backward="auto", options=None,
+                wrt: Sequence[str] | None = None) -> TcFunction:
+    """``TcFunction(source, entry, backward=..., options=..., wrt=...)``: a TC def as a TF op.
+
+    ``wrt`` limits the gradient to some inputs (the others get None), e.g. a convolution's
+    weights when its input's subscripts (``I(h + kh)``) are not differentiable automatically.
+    """
+    return TcFunction(source, entry, backward=backward, options=options, wrt=wrt)
