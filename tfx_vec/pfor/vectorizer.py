@@ -315,6 +315,8 @@ def _check_result(op: tf.Operation, result: list[WrappedTensor]) -> None:
         if w.t.dtype != o.dtype:
             raise op_error(op, f"converter output {k} has dtype {w.t.dtype.name}, expected "
                                f"{o.dtype.name}")
+        if o.dtype in (tf.variant, tf.resource):
+            continue  # handles (e.g. internally stacked TensorLists) keep their own shapes
         shape = w.t.shape[1:] if w.is_stacked and w.t.shape.rank else w.t.shape
         if w.is_stacked and w.t.shape.rank == 0:
             raise op_error(op, f"converter output {k} is stacked but a scalar")
