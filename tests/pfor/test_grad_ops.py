@@ -69,6 +69,13 @@ def test_conv2d_backprop_every_combination():
              rtol=1e-4, atol=1e-4)
 
 
+def test_conv2d_backprop_run_time_loop_length():
+    conv = lambda x, f: tf.nn.conv2d(x, f, 1, "SAME")  # noqa: E731
+    for combo in [(True, True, True), (False, True, True), (True, False, True)]:
+        check_op(vjp(conv), [rand(1, 4, 4, 2), rand(2, 2, 2, 3), rand(1, 4, 4, 3)],
+                 combos=[combo], modes=("dynamic", "one", "chunked"), rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_conv2d_backprop():
     conv = lambda x, f: tf.nn.conv2d(x, f, 1, "VALID")  # noqa: E731
     check_op(vjp(conv), [rand(1, 4, 4, 4), rand(2, 2, 2, 6), rand(1, 3, 3, 6)],

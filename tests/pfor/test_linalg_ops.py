@@ -82,6 +82,14 @@ def test_tridiagonal_solve():
                                                           per_iteration(rand, 5, 2)])
 
 
+def test_run_time_loop_length():
+    a, b = per_iteration(well_conditioned, 2), per_iteration(rand, 2, 4, 3)
+    ops = together(solve=tf.linalg.solve, chol=lambda m, r: tf.linalg.cholesky(
+        m @ tf.linalg.adjoint(m)), tri=lambda m, r: tf.linalg.triangular_solve(m, r))
+    for combo in [(False, True), (True, True)]:
+        check(ops, [a, b], combos=[combo], modes=("dynamic", "one", "chunked"))
+
+
 def test_invariant_matrix_is_factorized_once():
     """n right-hand sides against one matrix: one solve on [M, n*K], nothing tiled."""
     a = tf.constant(well_conditioned())

@@ -137,6 +137,18 @@ def test_empty_loop():
             assert o.shape.as_list() == [0] + r.shape.as_list(), name
 
 
+def test_run_time_loop_length():
+    """Channel/group folding with ``iters`` a run-time tensor, one iteration, and chunks."""
+    ops = together(conv=lambda a, f: tf.nn.conv2d(a, f, 1, "SAME"),
+                   conv_grouped=lambda a, f: tf.nn.conv2d(tf.concat([a, a], -1), f, 1, "VALID"),
+                   depthwise=lambda a, f: tf.nn.depthwise_conv2d(a, f, [1] * 4, "SAME"),
+                   batch_norm=lambda a, f: tf.compat.v1.nn.fused_batch_norm(
+                       a, f[0, 0, :, 0], f[0, 0, :, 1]))
+    for combo in [(True, True), (False, True)]:
+        check_op(ops, [rand(2, 4, 4, 2), rand(2, 2, 2, 2, low=0.5)], combos=[combo],
+                 modes=("dynamic", "one", "chunked"), rtol=1e-4, atol=1e-4)
+
+
 def test_nchw_stacked_filter_is_reported():
     x, f = tf.constant(rand(1, 3, 5, 5)), gathered(rand(2, 3, 3, 3, 2))
     with pytest.raises(tfx_vec.VectorizationError, match="Conv2D"):

@@ -150,3 +150,17 @@ def test_bincount():
         [stack_of(arr), stack_of(lambda: rand(2, 5))])
 
 # }}}
+
+
+def test_run_time_loop_length():
+    """Id offsets and row splits with ``iters`` a run-time tensor, one iteration, and chunks."""
+    ids = lambda: sorted_ids(6, 3)  # noqa: E731
+    ops = together(segment=lambda d, s: tf.math.segment_max(d, s),
+                   unsorted=lambda d, s: tf.math.unsorted_segment_sum(d, s, 4),
+                   sparse=lambda d, s: tf.sparse.segment_mean(d, s[::-1] % 6, s),
+                   scatter=lambda d, s: tf.tensor_scatter_nd_add(d, s[:, None], d),
+                   stitch=lambda d, s: tf.dynamic_stitch([tf.range(6) - s + s], [d]),
+                   partition=lambda d, s: tf.dynamic_partition(d, s * 0 + tf.range(6) % 2, 2),
+                   bincount=lambda d, s: tf.math.bincount(s, minlength=5, maxlength=5))
+    check(ops, [stack_of(lambda: rand(6, 2)), stack_of(ids)], combos=[(True, True)],
+          modes=("dynamic", "one", "chunked"))
