@@ -104,10 +104,12 @@ def test_pool_grads():
     x, dy = rand(2, 6, 5, 3), rand(2, 3, 2, 3)
     check_op(together(max=vjp(lambda a: tf.nn.max_pool2d(a, 2, 2, "VALID")),
                       avg=vjp(lambda a: tf.nn.avg_pool2d(a, 2, 2, "VALID")),
+                      argmax=vjp(lambda a: tf.nn.max_pool_with_argmax(a, 2, 2, "VALID")[0]),
                       lrn=lambda a, g: vjp(lambda b: tf.nn.local_response_normalization(
                           b, 1, 1.0, 0.5, 0.5))(a, tf.ones_like(a) * g[0, 0, 0, 0])),
              [x, dy], rtol=1e-4, atol=1e-4)
-    check_op(vjp(lambda a: tf.nn.max_pool3d(a, 2, 2, "VALID")),
+    check_op(together(max=vjp(lambda a: tf.nn.max_pool3d(a, 2, 2, "VALID")),
+                      avg=vjp(lambda a: tf.nn.avg_pool3d(a, 2, 2, "VALID"))),
              [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
 
 

@@ -199,7 +199,9 @@ def test_softmax_family():
     ids = RNG.integers(0, 6, size=3).astype(np.int32)
     check_op(together(
         xent=lambda a, y: tf.nn.sparse_softmax_cross_entropy_with_logits(y, a),
-        in_top_k=lambda a, y: tf.math.in_top_k(y, a, 2)), [logits, ids], rtol=1e-5, atol=1e-5)
+        in_top_k=lambda a, y: tf.math.in_top_k(y, a, 2),
+        in_top_k_v1=lambda a, y: tf.raw_ops.InTopK(predictions=a, targets=y, k=3)),
+        [logits, ids], rtol=1e-5, atol=1e-5)
 
 
 def _bn(training: bool, data_format: str = "NHWC"):
@@ -211,7 +213,14 @@ def _bn(training: bool, data_format: str = "NHWC"):
 
 def test_fused_batch_norm_training_statistics_are_per_iteration():
     x, scale, offset = rand(2, 4, 3, 5), rand(5, low=0.5), rand(5)
-    check_op(_bn(True), [x, scale, offset], rtol=1e-4, atol=1e-4)
+    empty = tf.zeros([0])
+
+    def older(op):
+        return lambda a, s, o: op(x=a, scale=s, offset=o, mean=empty, variance=empty,
+                                  is_training=True)[:3]
+    check_op(together(v3=_bn(True), v2=older(tf.raw_ops.FusedBatchNormV2),
+                      v1=older(tf.raw_ops.FusedBatchNorm)),
+             [x, scale, offset], rtol=1e-4, atol=1e-4)
     check_op(_bn(True, "NCHW"), [rand(2, 3, 4, 3), rand(3, low=0.5), rand(3)],
              rtol=1e-4, atol=1e-4, combos=[(True, False, False), (True, True, True)])
 

@@ -291,11 +291,6 @@ def _top_k(x: ConversionInput):
     return reemit_stacked(x, [x.input(0).t, x.input(1).t])
 
 
-@converter("TopK")
-def _top_k_v1(x: ConversionInput):
-    return reemit_stacked(x, [x.input(0).t])
-
-
 @converter("L2Loss")
 def _l2_loss(x: ConversionInput):
     t = x.input(0).t
