@@ -27,6 +27,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -217,6 +218,11 @@ class TcFunction:
             if hit is None:
                 values = {n: (0, 0) for n in _index_inputs(self.cdef)}
                 ranges = infer_ranges(self.cdef, shapes, scalars, values)
+                # Index values are unknown when the graph is built and no Python runs later:
+                # data-dependent subscripts are clamped into their tensor in the kernel, so a
+                # bad id reads the nearest valid element instead of out of bounds.
+                ranges = dataclasses.replace(ranges, clamp=ranges.clamp | _data_dependent_reads(
+                    self.cdef))
                 options = self.options or MappingOptions.default_for(self.cdef.ast)
                 src = kernel_source(KernelSpec(self.cdef, ranges, options))
                 outs = [ranges.shapes[n] for n in self.cdef.outputs]
@@ -258,6 +264,12 @@ class TcFunction:
             return (outs[0] if len(outs) == 1 else tuple(outs)), grad
 
         return op(*inputs)
+
+
+def _data_dependent_reads(cdef) -> frozenset:
+    from .lang import ast as A
+    return frozenset(id(x) for cs in cdef.stmts for x in cs.reads
+                     if any(isinstance(y, A.Call) for a in x.args for y in A.walk(a)))
 
 
 def _index_inputs(cdef) -> tuple[str, ...]:
