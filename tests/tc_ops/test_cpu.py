@@ -240,3 +240,10 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
     with pytest.raises(tc.TcCompileError, match="C compiler failed"):
         cpu.compile_shared("this is not C")
     require(shutil.which("cc") is not None, "cc")
+
+
+def test_tf_inputs_are_not_copied():
+    entry = _module(BY_NAME["tmm"]).tmm
+    t = tf.constant(np.ones((64, 32), np.float32))
+    a1, a2 = entry._convert([t, t])
+    assert a1.ctypes.data == a2.ctypes.data      # both views of the tensor's own buffer

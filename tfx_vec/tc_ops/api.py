@@ -129,6 +129,17 @@ def generate_source(source: str, entry: str, input_shapes: Sequence[Sequence[int
     return kernel.source
 
 
+def _host_view(t: Any) -> np.ndarray:
+    """A NumPy view of an eager CPU tensor's buffer (``.numpy()`` would copy it)."""
+    view = getattr(t, "_numpy", None)     # EagerTensor: shares memory; kernels only read inputs
+    if view is not None:
+        try:
+            return view()
+        except Exception:  # noqa: BLE001 - e.g. a non-CPU tensor: fall back to the copy
+            pass
+    return t.numpy()
+
+
 class Entry:
     """One TC def, callable on tensors: ``entry(*inputs, options=None)``."""
 
@@ -156,7 +167,7 @@ class Entry:
         for p, x in zip(self._params, args):
             want = np_dtype(p.dtype)
             if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-                x = x.numpy()
+                x = _host_view(x)
             if p.is_scalar:
                 arr = np.asarray(x)
                 if arr.ndim != 0:
