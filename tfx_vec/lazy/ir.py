@@ -87,7 +87,7 @@ class Program(NamedTuple):
     data: list            # tf.Tensors, in parameter order
     scalars: list         # Python numbers, in parameter order
     variables: list       # tf.Variables, in parameter order
-    index: dict           # id(node) -> entry index (to map results back to nodes)
+    index: dict           # node -> entry index
 
 
 def short_dtype(dtype: tf.DType | None) -> str:
@@ -103,19 +103,22 @@ def short_dtype(dtype: tf.DType | None) -> str:
 
 
 def _post_order(roots: Sequence[Node]) -> list[Node]:
-    """Nodes reachable from ``roots``, inputs before users (iterative: traces can be long)."""
-    seen: set[int] = set()
+    """Nodes reachable from ``roots``, inputs before users (iterative: traces can be long).
+
+    Nodes compare by identity, so they key sets and dicts directly.
+    """
+    seen: set = set()
     order: list[Node] = []
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
         stack = [(root, iter(root.inputs))]
-        seen.add(id(root))
+        seen.add(root)
         while stack:
             node, it = stack[-1]
             for child in it:
-                if id(child) not in seen:
-                    seen.add(id(child))
+                if child not in seen:
+                    seen.add(child)
                     stack.append((child, iter(child.inputs)))
                     break
             else:
@@ -132,11 +135,11 @@ def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] =
     """
     roots = list(outputs) + [n for pair in assigns for n in pair]
     order = _post_order(roots)
-    index: dict[int, int] = {}
+    index: dict = {}
     entries = []
     data, scalars, variables = [], [], []
     for i, node in enumerate(order):
-        index[id(node)] = i
+        index[node] = i
         op = node.op
         if op == "data":
             data.append(node.value)
@@ -148,9 +151,9 @@ def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] =
             scalars.append(node.value)
             entries.append(("scalar", node.sig))
         else:
-            entries.append((op, node.attrs, node.sig, tuple([index[id(x)] for x in node.inputs])))
-    key = (tuple(entries), tuple([index[id(n)] for n in outputs]),
-           tuple([(index[id(v)], index[id(n)]) for v, n in assigns]))
+            entries.append((op, node.attrs, node.sig, tuple([index[x] for x in node.inputs])))
+    key = (tuple(entries), tuple([index[n] for n in outputs]),
+           tuple([(index[v], index[n]) for v, n in assigns]))
     return Program(key, data, scalars, variables, index)
 
 
@@ -172,19 +175,19 @@ def _fmt_attr(node: Node) -> str:
 def text(outputs: Sequence[Node]) -> str:
     """The pending IR under ``outputs`` in the textual form of the paper's Figure 1."""
     order = _post_order(list(outputs))
-    index = {id(n): i for i, n in enumerate(order)}
-    roots = {id(n): k for k, n in enumerate(outputs)}
+    index = {n: i for i, n in enumerate(order)}
+    roots = {n: k for k, n in enumerate(outputs)}
     lines = ["IR {"]
     for i, node in enumerate(order):
         shape = ",".join(map(str, node.shape)) if node.shape is not None else ""
-        args = ", ".join(f"%{index[id(x)]}" for x in node.inputs)
+        args = ", ".join(f"%{index[x]}" for x in node.inputs)
         extra = []
         if node.op == "scalar":
             extra.append(f"value={node.value!r}")
         elif node.attrs and node.op not in ("data", "var") and _fmt_attr(node):
             extra.append(_fmt_attr(node))
-        if id(node) in roots:
-            extra.append(f"ROOT={roots[id(node)]}")
+        if node in roots:
+            extra.append(f"ROOT={roots[node]}")
         tail = (", " + ", ".join(extra)) if extra else ""
         lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {node.op}({args}){tail}")
     lines.append("}")

@@ -111,7 +111,7 @@ class GradientTape:
             n = self._symbolic(s._node, memo)
             watched = id(n) in self._watched or id(s._node) in self._watched or (
                 isinstance(s, Variable) and s.trainable and self._auto_watch)
-            if watched and id(n) in ancestors:
+            if watched and n in ancestors:
                 picked.append(k)
                 nodes.append(n)
         og = []
@@ -128,12 +128,12 @@ class GradientTape:
         return tf.nest.pack_sequence_as(sources, results)
 
 
-def _ancestors(root: Node) -> set[int]:
-    seen = {id(root)}
+def _ancestors(root: Node) -> set:
+    seen = {root}
     stack = [root]
     while stack:
         for x in stack.pop().inputs:
-            if id(x) not in seen:
-                seen.add(id(x))
+            if x not in seen:
+                seen.add(x)
                 stack.append(x)
     return seen

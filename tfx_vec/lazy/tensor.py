@@ -229,7 +229,7 @@ class Variable(LazyTensor):
         return self
 
     def _check(self, n: Node, what: str) -> None:
-        if n.shape != self._read.shape or n.dtype != self._read.dtype:
+        if n.sig != self._read.sig:
             raise LazyShapeError(
                 f"{what} to variable {self.name!r}: expected {self.dtype.name}"
                 f"{list(self._read.shape)}, got {n.dtype.name}{list(n.shape)} at "
@@ -243,7 +243,11 @@ class Variable(LazyTensor):
         if not isinstance(delta, LazyTensor):
             delta = tensor(tf.convert_to_tensor(delta, dtype=self.dtype))
         self._check(delta._node, what)  # like tf.Variable: no broadcasting of the delta
-        return self._substitute(record(OPS[op], (self, delta), {}), what)
+        new = LazyTensor.__add__(self, delta) if op == "math.add" else \
+            LazyTensor.__sub__(self, delta)  # the operators' fast path
+        self._node = new._node
+        runtime.mark_variable(self)
+        return self
 
     def assign_add(self, delta: Any) -> "Variable":
         """``self.assign(self + delta)``, recorded (``delta`` has the variable's shape)."""
