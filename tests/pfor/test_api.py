@@ -59,6 +59,9 @@ def test_config_reductions():
     np.testing.assert_allclose(b.numpy(), np.broadcast_to(xv.sum(0), (4, 3)), rtol=1e-5)
     np.testing.assert_allclose(c.numpy(), np.broadcast_to(xv.reshape(-1), (4, 12)))
     np.testing.assert_allclose(d.numpy(), np.full([4], xv.max()))
+    # the reduced value is used only through the reduction
+    got = tfx_vec.pfor(lambda i, config: tf.gather(x, i) - config.reduce_mean(tf.gather(x, i)), 4)
+    np.testing.assert_allclose(got.numpy(), xv - xv.mean(0), rtol=1e-5, atol=1e-6)
 
 
 def test_repeated_eager_calls_do_not_retrace():

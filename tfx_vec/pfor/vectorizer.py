@@ -136,7 +136,11 @@ class Vectorizer:
             if not isinstance(w, WrappedTensor):
                 raise TypeError(f"convert_graph inputs must be WrappedTensor, got {w!r}")
             env[t.ref()] = w
-        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []))
+        extra = {}  # a reduction's placeholder depends on the reduced value
+        for red_name, red in self.reductions.items():
+            if red.value.graph is graph:
+                extra[graph.get_tensor_by_name(red_name).op] = [red.value.op]
+        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra)
         for op in graph.get_operations():
             if op in needed and not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
@@ -291,8 +295,9 @@ def _is_stateful(op: tf.Operation) -> bool:
         return op.op_def.is_stateful if op.op_def else False
 
 
-def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Operation]) -> set:
-    """Ops the outputs depend on (through data and control edges)."""
+def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Operation],
+                extra: dict | None = None) -> set:
+    """Ops the outputs depend on (through data and control edges, and ``extra`` ones)."""
     seen: set = set()
     stack = [t.op for t in outputs] + list(control_outputs)
     while stack:
@@ -302,6 +307,7 @@ def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Opera
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
+        stack.extend((extra or {}).get(op, ()))
     return seen
 
 
