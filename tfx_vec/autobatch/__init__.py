@@ -24,4 +24,4 @@ __all__ = ["function", "describe", "AutobatchFunction", "AutobatchError",
            "UnsupportedSyntaxError", "TypeInferenceError", "StackOverflowError",
            "MaxStepsExceededError", "PrimitiveError"]
 
-# A2: export NoUTurnSampler from .nuts here (issue #5).
+from tfx_vec.autobatch.nuts import NoUTurnSampler  # noqa: E402  (issue #5)
