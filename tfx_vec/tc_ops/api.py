@@ -38,14 +38,16 @@ from .options import MappingOptions
 __all__ = ["define", "Module", "Entry", "generate_source", "compile_def"]
 
 
-def define(source: str, backend: str = "cpu", options: MappingOptions | None = None
-           ) -> "Module":
+def define(source: str, backend: str = "cpu", options: MappingOptions | None = None,
+           cache: Any = None) -> "Module":
     """Parse and check every ``def`` of ``source``; returns a :class:`Module` of entries.
 
     Args:
         source: TC text with one or more ``def``.
         backend: a registered backend name ("cpu"; "cuda"/"opencl" when registered).
         options: default MappingOptions of every entry (None: ``MappingOptions.default_for``).
+        cache: an autotuning cache (path or ``CompilationCache``): a call without ``options=``
+            first looks up tuned options for its input shapes there.
 
     Raises:
         TcError: syntax, name, type, semantic and range-inference errors, with line/column.
@@ -57,15 +59,16 @@ def define(source: str, backend: str = "cpu", options: MappingOptions | None = N
             raise TcNameError(f"def {d.name} is defined twice", d.span, source)
         seen.add(d.name)
     get_backend(backend)  # fail early on an unknown backend
-    return Module(prog, backend, options)
+    return Module(prog, backend, options, cache)
 
 
 class Module:
     """The defs of one TC source; ``mod.<name>`` / ``mod["name"]`` is an :class:`Entry`."""
 
-    def __init__(self, program: A.Program, backend: str, options: MappingOptions | None):
+    def __init__(self, program: A.Program, backend: str, options: MappingOptions | None,
+                 cache: Any = None):
         self.program, self.backend = program, backend
-        self._entries = {d.name: Entry(check(d, program.source), backend, options)
+        self._entries = {d.name: Entry(check(d, program.source), backend, options, cache)
                          for d in program.defs}
 
     def __getattr__(self, name: str) -> "Entry":
@@ -143,8 +146,9 @@ def _host_view(t: Any) -> np.ndarray:
 class Entry:
     """One TC def, callable on tensors: ``entry(*inputs, options=None)``."""
 
-    def __init__(self, cdef: CheckedDef, backend: str, options: MappingOptions | None):
-        self.cdef, self.backend = cdef, backend
+    def __init__(self, cdef: CheckedDef, backend: str, options: MappingOptions | None,
+                 cache: Any = None):
+        self.cdef, self.backend, self.cache = cdef, backend, cache
         self.options = options or MappingOptions.default_for(cdef.ast)
         self._compiled: dict = {}
         self._last = None
@@ -208,14 +212,23 @@ class Entry:
 
     def compile(self, *inputs: Any, options: MappingOptions | None = None):
         """Compile for these inputs (or anything with their shapes) without running."""
-        kernel, _ = self._prepare(self._convert(inputs), options or self.options)
+        kernel, _ = self._prepare(self._convert(inputs), options or self._default_options(inputs))
         return kernel
+
+    def _default_options(self, inputs: Sequence[Any]) -> MappingOptions:
+        """Tuned options from ``cache`` for these input shapes if any, else the entry's."""
+        if self.cache is not None:
+            from .autotune import cached_options
+            tuned = cached_options(self, *inputs, cache=self.cache)
+            if tuned is not None:
+                return tuned
+        return self.options
 
     def run_numpy(self, *inputs: Any, options: MappingOptions | None = None
                   ) -> tuple[np.ndarray, ...]:
         """Run and return the outputs as NumPy arrays (in ``-> (...)`` order)."""
         arrays = self._convert(inputs)
-        kernel, ranges = self._prepare(arrays, options or self.options)
+        kernel, ranges = self._prepare(arrays, options or self._default_options(inputs))
         outs = [np.zeros(ranges.shapes[n], np_dtype(self.cdef.tensors[n].dtype))
                 for n in self.cdef.outputs]
         kernel.run(arrays + outs)

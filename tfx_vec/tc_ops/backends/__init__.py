@@ -70,9 +70,14 @@ def get_backend(name: str) -> Backend:
     return _INSTANCES[name]
 
 
-def _cpu_factory():
-    from .cpu import CpuBackend
-    return CpuBackend()
+def _lazy(module: str, cls: str) -> Callable[[], Any]:
+    """A factory importing ``backends.<module>`` only when the backend is first used."""
+    def factory():
+        import importlib
+        return getattr(importlib.import_module(f".{module}", __package__), cls)()
+    return factory
 
 
-register_backend("cpu", _cpu_factory)
+register_backend("cpu", _lazy("cpu", "CpuBackend"))
+register_backend("opencl", _lazy("opencl", "OpenCLBackend"))
+register_backend("cuda", _lazy("cuda", "CudaBackend"))
