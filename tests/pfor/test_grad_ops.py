@@ -113,6 +113,40 @@ def test_pool_grads():
              [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
 
 
+def test_max_pool_second_order_and_v2_kernels():
+    def kernels(a, dy):
+        y = tf.nn.max_pool2d(a, 2, 2, "VALID")
+        k, st = tf.constant([1, 2, 2, 1]), tf.constant([1, 2, 2, 1])
+        common = dict(orig_input=a, orig_output=y, padding="VALID")
+        return {"v2": R.MaxPoolGradV2(grad=dy, ksize=k, strides=st, **common),
+                "gradgrad": R.MaxPoolGradGrad(grad=a * 0.5, ksize=[1, 2, 2, 1],
+                                              strides=[1, 2, 2, 1], **common),
+                "gradgrad_v2": R.MaxPoolGradGradV2(grad=a * 0.5, ksize=k, strides=st, **common)}
+
+    def kernels_3d(a, dy):
+        y = tf.nn.max_pool3d(a, 2, 2, "VALID")
+        return R.MaxPool3DGradGrad(orig_input=a, orig_output=y, grad=a * 0.5, ksize=[1] + [2] * 3
+                                   + [1], strides=[1] + [2] * 3 + [1], padding="VALID")
+    check_op(kernels, [rand(2, 4, 6, 3), rand(2, 2, 3, 3)])
+    check_op(kernels_3d, [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)])
+
+
+def test_fused_batch_norm_grad_v1_v2():
+    empty = tf.zeros([0])
+
+    def grads(forward, backward):
+        def op(x, s, o, dy):
+            _, _, _, r1, r2 = forward(x=x, scale=s, offset=o, mean=empty, variance=empty,
+                                      is_training=True)
+            return backward(y_backprop=dy, x=x, scale=s, reserve_space_1=r1,
+                            reserve_space_2=r2, is_training=True)[:3]
+        return op
+    check_op(together(v1=grads(R.FusedBatchNorm, R.FusedBatchNormGrad),
+                      v2=grads(R.FusedBatchNormV2, R.FusedBatchNormGradV2)),
+             [rand(2, 3, 4, 3), rand(3, low=0.5), rand(3), rand(2, 3, 4, 3)], rtol=2e-4,
+             atol=2e-4, combos=[(True, False, False, True), (True, True, True, True)])
+
+
 def test_fused_batch_norm_grad():
     population = tf.constant(rand(3)), tf.constant(rand(3, low=0.5))
 

@@ -63,7 +63,9 @@ def test_solves_every_combination():
     a, b = per_iteration(well_conditioned, 2), per_iteration(rand, 2, 4, 3)
     check(together(solve=tf.linalg.solve,
                    solve_adj=lambda m, r: tf.linalg.solve(m, r, adjoint=True),
-                   lstsq=lambda m, r: tf.linalg.lstsq(m, r, l2_regularizer=0.1)), [a, b])
+                   lstsq=lambda m, r: tf.linalg.lstsq(m, r, l2_regularizer=0.1),
+                   solve_ls=lambda m, r: tf.raw_ops.MatrixSolveLs(
+                       matrix=m, rhs=r, l2_regularizer=tf.constant(0.1, tf.float64))), [a, b])
 
 
 def test_triangular_solve_broadcasting():

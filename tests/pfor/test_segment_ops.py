@@ -69,7 +69,8 @@ def test_sparse_segments():
     check(together(sum=tf.sparse.segment_sum, mean=tf.sparse.segment_mean,
                    sqrt_n=tf.sparse.segment_sqrt_n,
                    sum_n=lambda d, i, s: tf.sparse.segment_sum(d, i, s, num_segments=4),
-                   mean_n=lambda d, i, s: tf.sparse.segment_mean(d, i, s, num_segments=4)),
+                   mean_n=lambda d, i, s: tf.sparse.segment_mean(d, i, s, num_segments=4),
+                   sqrt_n_n=lambda d, i, s: tf.sparse.segment_sqrt_n(d, i, s, num_segments=4)),
           [stack_of(lambda: rand(5, 3)), stack_of(idx), stack_of(ids)])
 
 
