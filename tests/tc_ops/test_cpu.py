@@ -247,3 +247,13 @@ def test_tf_inputs_are_not_copied():
     t = tf.constant(np.ones((64, 32), np.float32))
     a1, a2 = entry._convert([t, t])
     assert a1.ctypes.data == a2.ctypes.data      # both views of the tensor's own buffer
+
+
+def test_integer_division_by_zero_does_not_trap():
+    mod = tc.define("def d(int32(N) A, int32(N) B) -> (Q, R) {\n  Q(i) = A(i) / B(i)\n"
+                    "  R(i) = A(i) % B(i)\n}")
+    a = np.array([7, -7, 5, np.iinfo(np.int32).min], np.int32)
+    b = np.array([2, 2, 0, -1], np.int32)
+    q, r = mod.d(a, b)
+    np.testing.assert_array_equal(q.numpy(), [3, -3, 0, np.iinfo(np.int32).min])  # C truncation
+    np.testing.assert_array_equal(r.numpy(), [1, -1, 0, 0])

@@ -74,6 +74,8 @@ class CPrinter:
 #define min(x, y) ((x) < (y) ? (x) : (y))
 #define max(x, y) ((x) > (y) ? (x) : (y))
 #define tc_clamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
+#define tc_idiv(a, b) ((b) == 0 ? 0 : (b) == -1 ? -(a) : (a) / (b))
+#define tc_imod(a, b) ((b) == 0 || (b) == -1 ? 0 : (a) % (b))
 """
     # neutral elements of the reductions: (float, signed int, unsigned int / bool)
     _NEUTRAL = {"+=": ("0", "0", "0"), "*=": ("1", "1", "1"),
@@ -353,7 +355,11 @@ class CPrinter:
         if isinstance(e, A.Unary):
             return f"({e.op}{self.expr(e.operand)})"
         if isinstance(e, A.Binary):
-            return f"({self.expr(e.lhs)} {e.op} {self.expr(e.rhs)})"
+            a, b = self.expr(e.lhs), self.expr(e.rhs)
+            if e.op in ("/", "%") and not is_float(self.cdef.types.get(id(e), "float")):
+                # integer x / 0 and INT_MIN / -1 trap on x86; NumPy gives 0 (and wraps)
+                return f"tc_i{'div' if e.op == '/' else 'mod'}({a}, {b})"
+            return f"({a} {e.op} {b})"
         if isinstance(e, A.Ternary):
             return f"({self.expr(e.cond)} ? {self.expr(e.then)} : {self.expr(e.other)})"
         if isinstance(e, A.Call):
