@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import _pfor_models as M
 from benchmarks.harness import Report
 from tfx_vec.pfor.data import map_and_batch
 
@@ -53,7 +54,7 @@ def run(quick: bool) -> Report:
             "map(parallel)+batch": base.map(fn, num_parallel_calls=tf.data.AUTOTUNE).batch(b),
             "tf.vectorized_map": base.batch(b).map(lambda x: tf.vectorized_map(fn, x)),
         }
-        for name, ds in pipelines.items():
-            report.measure(f"b={b}", name, lambda ds=ds: _consume(ds), items=n,
-                           repeats=repeats, warmup=warmup, sync=lambda x: x)
+        M.measure_interleaved(report, f"b={b}", {k: (lambda ds=ds: _consume(ds))
+                                                for k, ds in pipelines.items()},
+                              items=n, rounds=repeats, warmup=warmup)
     return report

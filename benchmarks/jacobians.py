@@ -62,11 +62,7 @@ def run(quick: bool) -> Report:
                 "while_loop": M.compiled(lambda x, f=f: _tape_jacobian(f, x, False)),
                 "tf_pfor": M.compiled(lambda x, f=f: _tape_jacobian(f, x, True)),
             }
-            for name, fn in impls.items():
-                try:
-                    report.measure(case, name, lambda fn=fn, x=x: fn(x), items=size,
-                                   repeats=repeats, warmup=warmup)
-                except Exception as e:  # e.g. a peer that cannot differentiate this model
-                    report.notes += (f"\n{case} {name}: failed ({type(e).__name__}: "
-                                     f"{str(e).splitlines()[0][:120]})")
+            M.measure_interleaved(report, case, {k: (lambda fn=fn, x=x: fn(x))
+                                                 for k, fn in impls.items()},
+                                  items=size, rounds=repeats, warmup=warmup)
     return report

@@ -46,11 +46,7 @@ def run(quick: bool) -> Report:
             "tf.vectorized_map": M.compiled(lambda s, n: tf.vectorized_map(
                 lambda a: one(a[0], a[1]), (s, n))),
         }
-        for name, fn in impls.items():
-            try:
-                report.measure(f"b={b}", name, lambda fn=fn: fn(seqs, lengths), items=tokens,
-                               repeats=repeats, warmup=warmup)
-            except Exception as e:
-                report.notes += (f"\nb={b} {name}: failed ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0][:120]})")
+        M.measure_interleaved(report, f"b={b}", {k: (lambda fn=fn: fn(seqs, lengths))
+                                                for k, fn in impls.items()},
+                              items=tokens, rounds=repeats, warmup=warmup)
     return report

@@ -72,10 +72,7 @@ def run(quick: bool) -> Report:
             "tf.vectorized_map": M.compiled(lambda batch, f=loss_fn, v=variables:
                                              _tf_vectorized_map(f, v, batch)),
         }
-        for name, fn in impls.items():
-            try:
-                report.measure(case, name, lambda fn=fn, batch=batch: fn(batch), items=b,
-                               repeats=repeats, warmup=warmup)
-            except Exception as e:  # a peer that cannot run this case gets no row
-                report.notes += f"\n{case} {name}: failed ({type(e).__name__}: {str(e)[:120]})"
+        M.measure_interleaved(report, case, {k: (lambda fn=fn, batch=batch: fn(batch))
+                                             for k, fn in impls.items()},
+                              items=b, rounds=repeats, warmup=warmup)
     return report

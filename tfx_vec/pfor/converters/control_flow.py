@@ -215,15 +215,21 @@ def _convert_call(x: ConversionInput):
 # {{{ While
 
 class _While:
-    """Vectorizes one While op (see the module docstring)."""
+    """Vectorizes one While op (see the module docstring).
+
+    Loop variables the body passes through unchanged and that are loop-invariant (captured
+    weights, variable handles) are not carried by the new loop: the body closes over them.
+    """
 
     def __init__(self, x: ConversionInput):
         self.x = x
         self.cond = function_graph(x.op, "cond")
         self.body = function_graph(x.op, "body")
         self.n = x.loop_len
+        self.k = len(x.inputs)
         self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
         self.parallel_iterations = x.attr("parallel_iterations") or 10
+        self.carried: list[bool] = []
 
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
         """Fixed point: a variable is stacked if its initial value or the body makes it so."""
@@ -234,9 +240,26 @@ class _While:
                 return flags
             flags = new
 
-    def _init(self, flags) -> list[WrappedTensor]:
-        return [WrappedTensor(_stack(w, self.n, o), True) if f else w
-                for w, f, o in zip(self.x.inputs, flags, self.x.op.inputs)]
+    def _set_flags(self, flags: list[bool]) -> list[bool]:
+        self.carried = [not (p and not f) for p, f in zip(self.pass_through, flags)]
+        return flags
+
+    def _init(self, flags) -> list[tf.Tensor]:
+        """Initial values of the carried variables (stacked ones tiled as needed)."""
+        return [_stack(w, self.n, o) if f else w.t
+                for w, f, o, c in zip(self.x.inputs, flags, self.x.op.inputs, self.carried) if c]
+
+    def _full(self, carried: Sequence[tf.Tensor], flags) -> list[WrappedTensor]:
+        """All loop variables: the carried values, and the invariant pass-through inputs."""
+        it = iter(carried)
+        return [WrappedTensor(next(it), f) if c else self.x.inputs[i]
+                for i, (f, c) in enumerate(zip(flags, self.carried))]
+
+    def _carry(self, values: Sequence) -> list:
+        return [v for v, c in zip(values, self.carried) if c]
+
+    def _invariants(self, flags) -> list[tf.TensorShape]:
+        return self._carry([self.shape_invariant(i, f) for i, f in enumerate(flags)])
 
     def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
         shape = self.x.op.outputs[i].shape
@@ -246,7 +269,7 @@ class _While:
 
     def convert(self):
         x = self.x
-        flags = self.stacked_flags([w.is_stacked for w in x.inputs])
+        flags = self._set_flags(self.stacked_flags([w.is_stacked for w in x.inputs]))
         cond_stacked = dry_run(x, self.cond, x.inputs, flags)[0]
         if not cond_stacked:
             return self.invariant_cond(flags)
@@ -256,53 +279,48 @@ class _While:
             return None  # stacked TensorLists in a loop-variant loop: per-iteration fallback
         return self.partitioned(flags)
 
+    def _cond_value(self, carried, flags, n) -> WrappedTensor:
+        return _convert(self.x, self.cond, self._full(carried, flags), n)[0]
+
     def _body_fn(self, flags, n_fn: Callable[[], tf.Tensor]):
-        def body(*vars_):
-            outs = _convert(self.x, self.body, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
-                            n_fn())
-            return [_stack(w, n_fn()) if f else w.t for w, f in zip(outs, flags)]
+        def body(*carried):
+            outs = _convert(self.x, self.body, self._full(carried, flags), n_fn())
+            return self._carry([_stack(w, n_fn()) if f else w.t for w, f in zip(outs, flags)])
         return body
 
     def invariant_cond(self, flags):
         """One loop: every iteration runs the same number of steps."""
-        x = self.x
+        def cond(*carried):
+            return tf.reshape(self._cond_value(carried, flags, self.n).t, [])
 
-        def cond(*vars_):
-            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
-                         self.n)[0]
-            return tf.reshape(c.t, [])
-
-        init = [w.t for w in self._init(flags)]
-        outs = tf.while_loop(cond, self._body_fn(flags, lambda: self.n), init,
-                             shape_invariants=[self.shape_invariant(i, f)
-                                               for i, f in enumerate(flags)],
+        outs = tf.while_loop(cond, self._body_fn(flags, lambda: self.n), self._init(flags),
+                             shape_invariants=self._invariants(flags),
                              parallel_iterations=self.parallel_iterations)
-        return [WrappedTensor(t, f) for t, f in zip(outs, flags)]
+        return self._full(outs if isinstance(outs, (list, tuple)) else [outs], flags)
 
     def masked(self, flags):
         """XLA form: run the body on every iteration, keep the values of the active ones."""
-        x, n = self.x, self.n
-        flags = [f or not p for f, p in zip(flags, self.pass_through)]
-        init = [w.t for w in self._init(flags)]
+        n = self.n
+        flags = self._set_flags([f or not p for f, p in zip(flags, self.pass_through)])
+        carried_flags = self._carry(flags)
 
-        def active_of(vars_):
-            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)], n)[0]
-            return tf.reshape(_stack(c, n), [-1])
+        def active_of(carried):
+            return tf.reshape(_stack(self._cond_value(carried, flags, n), n), [-1])
 
         body_fn = self._body_fn(flags, lambda: n)
 
-        def body(active, *vars_):
-            new = body_fn(*vars_)
+        def body(active, *carried):
+            new = body_fn(*carried)
             merged = [_select(active, WrappedTensor(a, f), WrappedTensor(b, f), n).t if f else a
-                      for a, b, f in zip(new, vars_, flags)]
+                      for a, b, f in zip(new, carried, carried_flags)]
             return [active & active_of(merged)] + merged
 
+        init = self._init(flags)
         outs = tf.while_loop(lambda active, *_: tf.reduce_any(active), body,
                              [active_of(init)] + init,
-                             shape_invariants=[tf.TensorShape([None])] + [
-                                 self.shape_invariant(i, f) for i, f in enumerate(flags)],
+                             shape_invariants=[tf.TensorShape([None])] + self._invariants(flags),
                              parallel_iterations=self.parallel_iterations)
-        return [WrappedTensor(t, f) for t, f in zip(outs[1:], flags)]
+        return self._full(outs[1:], flags)
 
     def partitioned(self, flags):
         """Paper §3.7: track the active iterations; finished ones go to TensorArrays.
@@ -312,36 +330,39 @@ class _While:
         to per-iteration TensorArrays and the loop state compacted to the remaining rows.
         """
         x, n = self.x, self.n
-        k = len(flags)
-        tracked = [i for i, p in enumerate(self.pass_through) if not p]
-        tas = [tf.TensorArray(x.op.outputs[i].dtype, size=n, infer_shape=False,
-                              element_shape=(x.op.outputs[i].shape
-                                             if x.op.outputs[i].shape.is_fully_defined() else None))
-               for i in tracked]
-        init_vars = [w.t for w in self._init(flags)]
+        cflags = self._carry(flags)
+        k = len(cflags)
+        carried_idx = self._carry(range(self.k))
+        # Carried positions whose final value is per iteration (not a pass-through).
+        tracked = [j for j, i in enumerate(carried_idx) if not self.pass_through[i]]
+        outputs = self._carry(x.op.outputs)
+        tas = [tf.TensorArray(outputs[j].dtype, size=n, infer_shape=False,
+                              element_shape=(outputs[j].shape
+                                             if outputs[j].shape.is_fully_defined() else None))
+               for j in tracked]
+        invariants = self._invariants(flags)
 
         def compact(c, rows, vars_, tas_):
-            m = tf.size(rows)
-            done_pos, keep_pos = tf.dynamic_partition(tf.range(m), tf.cast(c, tf.int32), 2)
+            done_pos, keep_pos = tf.dynamic_partition(tf.range(tf.size(rows)),
+                                                      tf.cast(c, tf.int32), 2)
             done_rows = tf.gather(rows, done_pos)
             new_tas = []
-            for i, ta in zip(tracked, tas_):
-                done_vals = (tf.gather(vars_[i], done_pos) if flags[i]
-                             else tile_to_stacked(vars_[i], tf.size(done_pos)))
+            for j, ta in zip(tracked, tas_):
+                done_vals = (tf.gather(vars_[j], done_pos) if cflags[j]
+                             else tile_to_stacked(vars_[j], tf.size(done_pos)))
                 new_tas.append(ta.scatter(done_rows, done_vals))
-            kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, flags)]
+            kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, cflags)]
             return [tf.gather(rows, keep_pos)] + kept + new_tas
 
         def body(not_done, rows, *state):
             vars_, tas_ = list(state[:k]), list(state[k:])
-            c = _convert(x, self.cond, [WrappedTensor(v, f) for v, f in zip(vars_, flags)],
-                         tf.size(rows))[0]
+            c = self._cond_value(vars_, flags, tf.size(rows))
             c = tf.reshape(_stack(c, tf.size(rows)), [-1])
             out = tf.cond(tf.reduce_all(c), lambda: [rows] + vars_ + tas_,
                           lambda: compact(c, rows, vars_, tas_))
             rows, vars_, tas_ = out[0], list(out[1:1 + k]), list(out[1 + k:])
-            for i, f in enumerate(flags):
-                vars_[i].set_shape(self.shape_invariant(i, f))
+            for v, shape in zip(vars_, invariants):
+                v.set_shape(shape)
             not_done = tf.size(rows) > 0
             body_fn = self._body_fn(flags, lambda: tf.size(rows))
             new = tf.cond(not_done, lambda: body_fn(*vars_), lambda: vars_)
@@ -349,18 +370,18 @@ class _While:
                 new = [new]
             return [not_done, rows] + list(new) + tas_
 
-        invariants = ([tf.TensorShape([]), tf.TensorShape([None])]
-                      + [self.shape_invariant(i, f) for i, f in enumerate(flags)]
-                      + [tf.TensorShape(None)] * len(tracked))
         res = tf.while_loop(lambda not_done, *_: not_done, body,
-                            [tf.constant(True), tf.range(n)] + init_vars + tas,
-                            shape_invariants=invariants,
+                            [tf.constant(True), tf.range(n)] + self._init(flags) + tas,
+                            shape_invariants=([tf.TensorShape([]), tf.TensorShape([None])]
+                                              + invariants
+                                              + [tf.TensorShape(None)] * len(tracked)),
                             parallel_iterations=self.parallel_iterations)
         final = dict(zip(tracked, res[2 + k:]))
         outs = []
-        for i in range(k):
-            if i in final:
-                stacked_out = final[i].stack()
+        for i in range(self.k):
+            j = carried_idx.index(i) if self.carried[i] else None
+            if j is not None and j in final:
+                stacked_out = final[j].stack()
                 stacked_out.set_shape(self.shape_invariant(i, True))
                 outs.append(WrappedTensor(stacked_out, True))
             else:
