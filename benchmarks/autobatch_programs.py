@@ -2,8 +2,10 @@
 
 Implementations (same inputs, same process):
 
-* ``pc+xla`` (ours): program-counter runtime, ``jit_compile=True``, one XLA program.
-* ``pc``: the program-counter runtime as a (non-XLA) ``tf.function`` graph.
+* ``pc+xla`` (ours): program-counter runtime, ``jit_compile=True``, one XLA program, with the
+  ``sweep`` block scheduler (every block once per loop step, masked, in program order).
+* ``pc+xla earliest``: the same with the default earliest-block-first ``switch_case`` dispatch.
+* ``pc``: the program-counter runtime (earliest block) as a non-XLA ``tf.function`` graph.
 * ``local_static``: Algorithm 1, eager, masked (runs on a prefix of the batch: its cost per step
   does not depend on the batch size, but is long).
 * ``python``: the unbatched Python function, eagerly, one member at a time (sampled members).
@@ -108,9 +110,13 @@ def run(quick: bool) -> Report:
             case = f"{name} b={b}"
             x = tf.constant(x_all[:b])
             x64 = tf.cast(x, tf.int64)
-            ours = lambda: fn(x, jit_compile=True)  # noqa: E731
+            ours = lambda: fn(x, jit_compile=True, scheduler="sweep")  # noqa: E731
+            earliest = lambda: fn(x, jit_compile=True)  # noqa: E731
             np.testing.assert_array_equal(ours().numpy()[:32], ref[:b])
+            np.testing.assert_array_equal(earliest().numpy()[:32], ref[:b])
             report.measure(case, OURS, ours, items=b, repeats=repeats, warmup=1)
+            report.measure(case, "pc+xla earliest", earliest, items=b, repeats=repeats,
+                           warmup=1)
             report.measure(case, "pc", lambda: fn(x), items=b, repeats=repeats, warmup=1)
             tfp_graph = tf.function(lambda a: tfp[name](a, depth), autograph=False)
             tfp_xla = tf.function(lambda a: tfp[name](a, depth), autograph=False,

@@ -4,7 +4,8 @@ One ``tf.while_loop``; its body picks a block (the earliest one some member wait
 one most members wait at) and dispatches with ``tf.switch_case`` to that block, compiled with
 its index static.  The state is: the program counter (cached top, ``[D+1, B]`` stack and
 per-member stack pointer), one ``[B, ...]`` value per register, and for every stack variable a
-cached top, a ``[D, B, ...]`` stack and per-member stack pointers.  Temporaries live only inside
+cached top, a ``[B, D + 1, ...]`` stack (the last slot is a junk slot for members that do not
+write) and per-member stack pointers.  Temporaries live only inside
 a block.  Everything has a static shape, so the runtime runs eagerly (through a cached
 ``tf.function``), inside ``tf.function`` and under ``jit_compile=True`` as one XLA program.
 
@@ -74,15 +75,15 @@ def _read_slot(stack: Any, sp: tf.Tensor, depth: int) -> Any:
 def _apply_write(stack: Any, write: tuple) -> Any:
     """One deferred write: ``stack[b, slot[b]] = value[b]`` where ``mask[b]``.
 
-    A one-hot select rather than a scatter: XLA's CPU scatter is a slow serial loop.
+    Stacks carry one junk slot (the last): members that do not write scatter there, so the
+    write is one unconditional O(batch) scatter.
     """
     slot, mask, value = write
 
     def leaf(s, v):
-        depth = s.shape[1]
-        hit = tf.logical_and(tf.equal(tf.range(depth)[None, :], slot[:, None]), mask[:, None])
-        hit = tf.reshape(hit, hit.shape.as_list() + [1] * (v.shape.rank - 1))
-        return tf.where(hit, tf.expand_dims(v, 1), s)
+        junk = s.shape[1] - 1
+        idx = tf.stack([tf.range(tf.shape(slot)[0]), tf.where(mask, slot, junk)], axis=1)
+        return tf.tensor_scatter_nd_update(s, idx, v)
     return tf.nest.map_structure(leaf, stack, value)
 
 # }}}
@@ -119,10 +120,10 @@ class _Machine:
         for v, a in zip(self.p.params, args):
             small["vals"][v] = tf.nest.map_structure(
                 lambda x, s: tf.cast(x, s.dtype), a, self.types[v])
-        pc_stack = tf.concat([tf.fill([batch, 1], self.halt), tf.zeros([batch, d], tf.int32)],
-                             axis=1)
+        pc_stack = tf.concat([tf.fill([batch, 1], self.halt),
+                              tf.zeros([batch, d + 1], tf.int32)], axis=1)
         stacks = {v: tf.nest.map_structure(
-            lambda s: tf.zeros([batch, d] + s.shape.as_list()[1:], s.dtype), self.types[v])
+            lambda s: tf.zeros([batch, d + 1] + s.shape.as_list()[1:], s.dtype), self.types[v])
             for v in self.stacks}
         return small, {"pc_stack": pc_stack, "stack": stacks}
 
