@@ -106,7 +106,8 @@ def source_hash(source: str, compiler: str, flags: str) -> str:
 
 def kernel_op(inputs: Sequence, *, source: str, entry: str,
               output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence,
-              compiler: str = "cc", flags: str = DEFAULT_C_FLAGS) -> list[tf.Tensor]:
+              compiler: str = "cc", flags: str = DEFAULT_C_FLAGS,
+              hash_: str | None = None, grad_key: str = "") -> list[tf.Tensor]:
     """Run the compiled C kernel ``tc_<entry>`` of ``source`` as one ``TcKernel`` op.
 
     Args:
@@ -114,18 +115,20 @@ def kernel_op(inputs: Sequence, *, source: str, entry: str,
         other shapes raises ``InvalidArgumentError`` instead of reading out of bounds.
       source: C source defining ``void tc_<entry>(void* const* args)``.
       output_shapes, output_dtypes: what the kernel writes, in order.
+      hash_: ``source_hash(source, compiler, flags)`` when the caller has it already.
     Returns:
       the list of output tensors.
     """
-    lib = load_op_library()
+    lib = _library or load_op_library()
     inputs = [tf.convert_to_tensor(x) for x in inputs]
     return lib.tc_kernel(
         inputs=inputs,
         Tout=[tf.as_dtype(d) for d in output_dtypes],
         input_shapes=[tuple(x.shape) for x in inputs],
         output_shapes=[tuple(int(d) for d in s) for s in output_shapes],
-        entry=entry, source=source, source_hash=source_hash(source, compiler, flags),
-        compiler=compiler, compile_flags=flags)
+        entry=entry, source=source,
+        source_hash=hash_ or source_hash(source, compiler, flags),
+        compiler=compiler, compile_flags=flags, grad_key=grad_key)
 
 
 # -- TC entry points as TF ops with gradients -------------------------------------------------
@@ -182,10 +185,10 @@ class TcFunction:
             self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options)
         return self._backward
 
-    def _kernel(self, inputs: list[tf.Tensor]) -> tuple[str, list, list]:
-        """(C source, output shapes, output dtypes) for these inputs' static shapes."""
+    def _kernel(self, inputs: list[tf.Tensor]) -> tuple:
+        """(C source, output shapes, output dtypes, compiler, flags, hash) for these inputs."""
         from .backends import KernelSpec
-        from .backends.cpu import kernel_source
+        from .backends.cpu import CFLAGS, compiler, kernel_source
         from .errors import TcShapeError
         from .lang.ranges import infer_ranges
         from .lang.types import np_dtype
@@ -226,44 +229,70 @@ class TcFunction:
                 options = self.options or MappingOptions.default_for(self.cdef.ast)
                 src = kernel_source(KernelSpec(self.cdef, ranges, options))
                 outs = [ranges.shapes[n] for n in self.cdef.outputs]
-                dts = [np_dtype(self.cdef.tensors[n].dtype) for n in self.cdef.outputs]
-                hit = self._specs[key] = (src, outs, dts)
+                dts = [tf.as_dtype(np_dtype(self.cdef.tensors[n].dtype))
+                       for n in self.cdef.outputs]
+                cc, flags = compiler(), " ".join(CFLAGS) + " -lm"
+                hit = self._specs[key] = (src, outs, dts, cc, flags, source_hash(src, cc, flags))
         return hit
 
     @tf.autograph.experimental.do_not_convert
-    def raw(self, *inputs) -> list[tf.Tensor]:
-        """The outputs, with no gradient attached."""
-        from .backends.cpu import CFLAGS, compiler
-
+    def raw(self, *inputs, grad_key: str = "") -> list[tf.Tensor]:
+        """The outputs; differentiable (through the registered ``TcKernel`` gradient) when
+        ``grad_key`` names this function's gradient."""
         inputs = [tf.convert_to_tensor(x) for x in inputs]
-        src, shapes, dtypes = self._kernel(inputs)
+        src, shapes, dtypes, cc, flags, h = self._kernel(inputs)
         return kernel_op(inputs, source=src, entry=self.cdef.name, output_shapes=shapes,
-                         output_dtypes=dtypes, compiler=compiler(),
-                         flags=" ".join(CFLAGS) + " -lm")
+                         output_dtypes=dtypes, compiler=cc, flags=flags, hash_=h,
+                         grad_key=grad_key)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *inputs):
-        inputs = [tf.convert_to_tensor(x) for x in inputs]
-        if self._backward_spec is None:
-            outs = self.raw(*inputs)
-            return outs[0] if len(outs) == 1 else tuple(outs)
-        wrt_pos = [i for i, p in enumerate(self.cdef.inputs) if p.name in self.wrt]
+        # The gradient is registered for the op type (not a tf.custom_gradient wrapper), so an
+        # eager call costs one op; the op's grad_key finds this function's backward TC.
+        key = ""
+        if self._backward_spec is not None:
+            key = f"tcfn{id(self):x}"
+            _GRADIENTS[key] = self
+        outs = self.raw(*inputs, grad_key=key)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
-        @tf.custom_gradient
-        def op(*xs):
-            outs = self.raw(*xs)
+    def gradient(self, inputs: Sequence[tf.Tensor], grads: Sequence) -> list:
+        """d(inputs) from the output gradients, via the backward TC (None for non-``wrt``)."""
+        outs_like = [g for g in grads]
+        dys = [tf.zeros(s, d) if g is None else g
+               for g, s, d in zip(outs_like, *self._out_specs(inputs))]
+        d = self.backward.raw(*inputs, *dys)
+        res: list = [None] * len(inputs)
+        pos = {p.name: i for i, p in enumerate(self.cdef.inputs)}
+        for k, name in enumerate(self.wrt):
+            res[pos[name]] = d[k]
+        return res
 
-            def grad(*dys):
-                dys = [tf.zeros_like(o) if d is None else d for d, o in zip(dys, outs)]
-                d = self.backward.raw(*xs, *dys)
-                res = [None] * len(xs)
-                for k, pos in enumerate(wrt_pos):
-                    res[pos] = d[k]
-                return res
+    def _out_specs(self, inputs: Sequence[tf.Tensor]) -> tuple[list, list]:
+        _, shapes, dtypes, *_ = self._kernel([tf.convert_to_tensor(x) for x in inputs])
+        return shapes, dtypes
 
-            return (outs[0] if len(outs) == 1 else tuple(outs)), grad
 
-        return op(*inputs)
+# grad_key -> TcFunction.  Entries live as long as the process: a TcFunction is small and a
+# graph may be differentiated long after the Python object that built it went away.
+_GRADIENTS: dict[str, "TcFunction"] = {}
+
+
+def _tc_kernel_gradient(op, *grads):
+    key = op.get_attr("grad_key").decode()
+    fn = _GRADIENTS.get(key)
+    if fn is None:
+        entry = op.get_attr("entry").decode()
+        raise LookupError(f"TcKernel tc_{entry}: no gradient is registered in this process "
+                          "(the TC was made with backward=None, or the graph was reloaded "
+                          "without rebuilding its TcFunction)")
+    return fn.gradient(list(op.inputs), list(grads))
+
+
+try:
+    tf.RegisterGradient("TcKernel")(_tc_kernel_gradient)
+except KeyError:  # module reloaded: the first registration stays
+    pass
 
 
 def _data_dependent_reads(cdef) -> frozenset:

@@ -38,6 +38,8 @@ REGISTER_OP("TcKernel")
     .Attr("source_hash: string")
     .Attr("compiler: string = 'cc'")
     .Attr("compile_flags: string = '-O3 -fPIC -shared'")
+    // Names the Python-side gradient (a backward TC) of this op; unused by the kernel.
+    .Attr("grad_key: string = ''")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
