@@ -277,8 +277,16 @@ OPS["getitem"] = GETITEM = OpDef("getitem", getitem, ("tensor", "index"), ("tens
 # }}}
 
 
+_ATOMS = frozenset({type(None), bool, int, float, str, complex, tf.DType})
+
+
 def freeze(value: Any) -> Any:
     """A hashable, replayable form of a non-tensor argument, or :class:`Unrecordable`."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is list or kind is tuple:
+        return tuple([v if type(v) in _ATOMS else freeze(v) for v in value])
     if value is None or isinstance(value, (bool, int, float, str, complex, tf.DType)):
         return value
     if isinstance(value, (np.integer, np.floating, np.bool_)):

@@ -173,9 +173,22 @@ for _name, _op, _logical in (
     setattr(LazyTensor, f"__{_name}__", _operator(_op, False, _logical))
     setattr(LazyTensor, f"__r{_name}__", _operator(_op, True, _logical))
 for _name, _op in (("lt", "math.less"), ("le", "math.less_equal"), ("gt", "math.greater"),
-                   ("ge", "math.greater_equal"), ("eq", "math.equal"),
-                   ("ne", "math.not_equal")):
+                   ("ge", "math.greater_equal")):
     setattr(LazyTensor, f"__{_name}__", _operator(_op))
+
+
+def _equality(name: str, if_none: bool):
+    compare = _operator(name)
+
+    def method(self, other):
+        if other is None:  # as tf.Tensor: comparing with None is a Python bool
+            return if_none
+        return compare(self, other)
+    return method
+
+
+LazyTensor.__eq__ = _equality("math.equal", False)
+LazyTensor.__ne__ = _equality("math.not_equal", True)
 
 
 class Variable(LazyTensor):
