@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.pfor.oracle import check_op
-from tests.pfor.test_nn_ops import RNG, pfor_op_types, rand, gathered, together
+from tests.pfor.test_nn_ops import gathered, pfor_op_types, rand, together
 
 N = 3
 

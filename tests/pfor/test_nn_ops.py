@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfx_vec
-from tests.pfor.oracle import check_op, check_pfor
+from tests.pfor.oracle import check_op
 from tests.support import random_array
 
 RNG = np.random.default_rng(2024)

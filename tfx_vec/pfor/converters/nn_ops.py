@@ -18,6 +18,12 @@ Three formulations, cheapest first (paper §3.4):
 3. **Re-emit on the stacked value** when the op already acts on the last axis only (softmax,
    top-k, nth_element) or broadcasts (``BiasAdd`` with a stacked bias becomes ``Add``).
 
+Dilated convolutions arrive as ``SpaceToBatchND -> conv -> BatchToSpaceND``: the iterations
+fold into the batch and the block-major row order is regrouped by iteration.  With a static
+``iters == 0`` every converter registered through :func:`converter` returns empty outputs
+without emitting a kernel (zero groups or channels are invalid).  All of these formulations also
+compile under ``tf.function(jit_compile=True)`` (XLA has grouped convolutions).
+
 Cases with no single-op formulation return ``None`` (the vectorizer's counted per-iteration
 fallback, or an error when fallbacks are disabled): ``NCHW`` with a stacked filter (``NCHW``
 convolutions do not run on CPU, so that path could not be tested), a stacked filter in ``Conv3D``
@@ -37,7 +43,6 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,

@@ -227,7 +227,8 @@ def _dynamic_partition(x: ConversionInput):
         flat = tf.reshape(partitions.t, tf.stack([tf.shape(partitions.t)[0], -1]))
         counts = tf.reduce_sum(tf.one_hot(flat, num_partitions, dtype=tf.int32), axis=1)
         checks.append(check_rows_equal(x, counts, "the size of a partition"))
-    return stacked(*guarded([split_leading(o, x.loop_len, like) for o, like in zip(outs, x.op.outputs)], checks))
+    split = [split_leading(o, x.loop_len, like) for o, like in zip(outs, x.op.outputs)]
+    return stacked(*guarded(split, checks))
 
 
 def _bincount_size(x: ConversionInput) -> tuple[tf.Tensor, list]:
