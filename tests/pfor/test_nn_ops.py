@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfx_vec
-from tests.pfor.oracle import check_op
+from tests.pfor.oracle import assert_all_close, check_op, reference
 from tests.support import random_array
 
 RNG = np.random.default_rng(2024)
@@ -147,6 +147,21 @@ def test_run_time_loop_length():
     for combo in [(True, True), (False, True)]:
         check_op(ops, [rand(2, 4, 4, 2), rand(2, 2, 2, 2, low=0.5)], combos=[combo],
                  modes=("dynamic", "one", "chunked"), rtol=1e-4, atol=1e-4)
+
+
+def test_folded_formulations_compile_with_xla():
+    """Grouped/depthwise/batch-norm folds inside ``tf.function(jit_compile=True)``."""
+    xs, fs = gathered(rand(3, 2, 5, 5, 2)), gathered(rand(3, 3, 3, 2, 4))
+
+    def body(i):
+        x, f = xs(i), fs(i)
+        return {"conv": tf.nn.conv2d(x, f, 1, "SAME"),
+                "depthwise": tf.nn.depthwise_conv2d(x, f[..., :2], [1] * 4, "VALID"),
+                "batch_norm": tf.compat.v1.nn.fused_batch_norm(x, f[0, 0, :, 0],
+                                                               f[0, 0, :, 1])[0]}
+    compiled = tf.function(lambda: tfx_vec.pfor(body, 3, fallback_to_while_loop=False),
+                           jit_compile=True)
+    assert_all_close(compiled(), reference(body, 3), 1e-4, 1e-4, "jit_compile")
 
 
 def test_nchw_stacked_filter_is_reported():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tfx_vec
 from tests.pfor.oracle import check_op
@@ -61,6 +63,17 @@ def test_unsorted_segments():
                    min=lambda d, s: tf.math.unsorted_segment_min(d, s, 5),
                    prod=lambda d, s: tf.math.unsorted_segment_prod(d, s, 5)),
           [stack_of(lambda: rand(3, 2, 4)), stack_of(ids)])
+
+
+@settings(max_examples=5)
+@given(data=st.data())
+def test_unsorted_segment_sum_random_shapes(data):
+    m, k, num = (data.draw(st.integers(1, 5)) for _ in range(3))
+    rows = (m,) if data.draw(st.booleans()) else (m, 2)
+    combo = data.draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+    ids = lambda: RNG.integers(-1, num, size=rows).astype(np.int32)  # noqa: E731
+    check(lambda d, s: tf.math.unsorted_segment_sum(d, s, num),
+          [stack_of(lambda: rand(*rows, k)), stack_of(ids)], combos=[combo], modes=("eager",))
 
 
 def test_sparse_segments():
