@@ -1,8 +1,10 @@
 """Counters and timers of the lazy runtime, and the human-readable ``metrics_report()``.
 
 Counters (ints): ``ops_recorded``, ``compiles``, ``cache_hits``, ``executions``, ``barriers``,
-``forced``, ``graph_size_cuts``, ``trace_hits`` and ``fallback::<op>`` per fallback op.
-Timers (seconds, summed, with a count): ``compile``, ``execute``, ``lower_key``.
+``forced`` (barriers caused by observing a value), ``graph_size_cuts`` and ``fallback::<op>`` per
+op that ran eagerly (``fallback::no_xla`` per program XLA could not compile).
+Timers (seconds, summed, with a count): ``compile`` (first run of a program: trace, XLA
+compile, run), ``execute`` (cached runs), ``canonicalize`` (building the cache key).
 
 Example:
     >>> reset_metrics(); bump("compiles")
