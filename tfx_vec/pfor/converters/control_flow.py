@@ -35,6 +35,7 @@ from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util
 
+from tfx_vec.pfor.converters._helpers import create_op_like
 from tfx_vec.pfor.converters.lists import stack_like
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter, tile_to_stacked
 
@@ -276,8 +277,47 @@ class _While:
         if in_xla_context(x):
             return self.masked(flags)
         if any(f and w.t.dtype == tf.variant for w, f in zip(x.inputs, flags)):
-            return None  # stacked TensorLists in a loop-variant loop: per-iteration fallback
+            return self.per_iteration()
         return self.partitioned(flags)
+
+    def per_iteration(self):
+        """Stacked TensorLists in a loop whose trip count varies: the lists would be ragged
+        across iterations, so the While op runs once per iteration in a ``tf.while_loop``
+        (counted like the vectorizer's fallback, or an error when fallbacks are off).
+        Invariant pass-through inputs (weights, variable handles) stay invariant."""
+        from tfx_vec.pfor import vectorizer as vmod
+        from tfx_vec.pfor.errors import user_source_line
+        x, v = self.x, self.x.vectorizer
+        if not getattr(v, "fallback_to_while_loop", True):
+            raise x.error("a while loop whose trip count depends on the loop index carries "
+                          "TensorLists (e.g. gradient accumulators) that would be ragged across "
+                          "iterations; allow fallback_to_while_loop to run it per iteration")
+        source = user_source_line(x.op)
+        if hasattr(v, "fallbacks"):
+            v.fallbacks.append((x.op.type, source))
+        if hasattr(vmod, "_FALLBACKS"):
+            vmod._FALLBACKS[(x.op.type, source)] += 1
+        keep = [i for i in range(self.k) if not (self.pass_through[i] and not x.inputs[i].is_stacked)]
+        tas = [tf.TensorArray(x.op.outputs[i].dtype, size=self.n, infer_shape=False)
+               for i in keep]
+
+        def body(j, *tas_):
+            args = [tf.gather(w.t, j) if w.is_stacked else w.t for w in x.inputs]
+            outs = create_op_like(x.op, args)
+            return (j + 1,) + tuple(ta.write(j, outs[i]) for ta, i in zip(tas_, keep))
+
+        res = tf.while_loop(lambda j, *_: j < self.n, body, (tf.constant(0),) + tuple(tas),
+                            parallel_iterations=getattr(v, "parallel_iterations", None) or 10)
+        stacked = dict(zip(keep, res[1:]))
+        outs = []
+        for i in range(self.k):
+            if i in stacked:
+                t = stacked[i].stack()
+                t.set_shape(tf.TensorShape([None]).concatenate(x.op.outputs[i].shape))
+                outs.append(WrappedTensor(t, True))
+            else:
+                outs.append(x.inputs[i])
+        return outs
 
     def _cond_value(self, carried, flags, n) -> WrappedTensor:
         return _convert(self.x, self.cond, self._full(carried, flags), n)[0]
