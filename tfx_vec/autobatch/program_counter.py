@@ -2,7 +2,7 @@
 
 One ``tf.while_loop``; its body picks a block (the earliest one some member waits at, or the
 one most members wait at) and dispatches with ``tf.switch_case`` to that block, compiled with
-its index static.  The state is: the program counter (cached top, ``[D+1, B]`` stack and
+its index static.  The state is: the program counter (cached top, ``[B, D + 2]`` stack and
 per-member stack pointer), one ``[B, ...]`` value per register, and for every stack variable a
 cached top, a ``[B, D + 1, ...]`` stack (the last slot is a junk slot for members that do not
 write) and per-member stack pointers.  Temporaries live only inside
@@ -199,11 +199,20 @@ class _Machine:
         return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp},
                 {"pc_stack": pc_write, "stack": writes})
 
-    def uniform(self, small: dict, writes: dict) -> dict:
-        """Writes with every stack present (non-writing ones masked off): for a conditional."""
+    def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
+        """Statically: does block ``i`` write the pc stack, and which variable stacks."""
+        b = self.p.blocks[i]
+        return (isinstance(b.terminator, ir.PushJump),
+                tuple(dict.fromkeys(op.var for op in b.ops
+                                    if isinstance(op, (ir.Push, ir.Update)))))
+
+    def uniform(self, small: dict, writes: dict, keys: tuple | None = None) -> dict:
+        """Writes for ``keys`` (default: every stack), non-writers masked off: the same
+        structure from every branch of a conditional."""
+        pc_key, stacks = keys if keys is not None else (True, tuple(self.stacks))
         none = self.no_writes(small)
-        return {"pc_stack": writes["pc_stack"] or none["pc_stack"],
-                "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in self.stacks}}
+        return {"pc_stack": (writes["pc_stack"] or none["pc_stack"]) if pc_key else None,
+                "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in stacks}}
 
     def run(self, args: Sequence[Any], max_steps: int, scheduler: str) -> tuple[Any, Status]:
         batch = int(tf.nest.flatten(args)[0].shape[0])
@@ -219,18 +228,21 @@ class _Machine:
                 pc_stack = _apply_write(pc_stack, writes["pc_stack"])
             return {"pc_stack": pc_stack, "stack": stack}
 
-        def uniform_block(i, small, big):
+        def uniform_block(i, small, big, keys=None):
             new, writes = self.block(i, small, big)
-            return new, self.uniform(small, writes)
+            return new, self.uniform(small, writes, keys)
 
         def body(steps, small, big):
             if choose is None:  # a sweep: every block once, in program order
                 for i in range(self.halt):
                     if scheduler == "sweep_guarded":
+                        keys = self.writes_of(i)
                         small, writes = tf.cond(
                             tf.reduce_any(tf.equal(small["pc"], i)),
-                            lambda i=i, small=small, big=big: uniform_block(i, small, big),
-                            lambda small=small: (small, self.no_writes(small)))
+                            lambda i=i, small=small, big=big, keys=keys: uniform_block(
+                                i, small, big, keys),
+                            lambda small=small, keys=keys: (small, self.uniform(
+                                small, {"pc_stack": None, "stack": {}}, keys)))
                     else:
                         small, writes = self.block(i, small, big)
                     big = apply(big, writes)
