@@ -89,7 +89,8 @@ def test_cpu_strategy_in_the_generated_code():
     src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)])
     assert outs == [("C", (256, 128), np.dtype(f32))]
     assert src.index("#pragma omp parallel for") < src.index("_c0 += 32")
-    assert "#pragma omp simd reduction(+:tc_acc)" in src
+    assert "#pragma omp simd reduction(+:tc_acc)" in src                  # remainder loop
+    assert "reduction(+:tc_acc0, tc_acc1, tc_acc2, tc_acc3)" in src       # 4 columns jammed
     naive, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
                             tc.MappingOptions.naive())
     assert "#pragma" not in naive and "+= 32" not in naive

@@ -206,6 +206,10 @@ class CPrinter:
             acc = self.emit_reduction_loop(body, it, header, ind)
             if acc is not None:
                 return acc
+        if mark == MARK_SIMD and self.options.vectorize and self.jam > 1:
+            jammed = self.emit_jammed(node, ind)
+            if jammed is not None:
+                return jammed
         out = [pad + p for p in self.loop_pragmas(mark, _is_innermost(body))]
         out.append(pad + header)
         out += self.emit_node(body, ind + 1)
@@ -214,23 +218,31 @@ class CPrinter:
 
     _OMP_REDUCTION = {"+=": "+", "*=": "*", "min=": "min", "max=": "max"}
 
+    def _reduction_parts(self, body: isl.AstNode, it: str):
+        """(statement, {var: C expr}) when ``body`` is one reduction update whose target does
+        not move with loop iterator ``it``; else None."""
+        if body.get_type() != isl.ast_node_type.user or not self.pragma_simd:
+            return None
+        expr = body.user_get_expr()
+        st = self.k.stmt(expr.op_get_arg(0).get_id().get_name())
+        if st.kind != "update":
+            return None
+        args = [expr.op_get_arg(i + 1).to_C_str() for i in range(expr.op_get_n_arg() - 1)]
+        bind = dict(zip(st.vars, args))
+        if any(_mentions_word(bind[v], it) for v in st.tc.lhs_vars):
+            return None
+        return st, bind
+
     def emit_reduction_loop(self, body: isl.AstNode, it: str, header: str, ind: int
                             ) -> list[str] | None:
         """An innermost reduction loop over one update statement whose target does not move
         with the loop: accumulate in a local (``simd reduction``), store once after the loop.
 
         None when the pattern does not apply (the loop is then printed as it is)."""
-        if body.get_type() != isl.ast_node_type.user:
+        parts = self._reduction_parts(body, it)
+        if parts is None:
             return None
-        expr = body.user_get_expr()
-        st = self.k.stmt(expr.op_get_arg(0).get_id().get_name())
-        if st.kind != "update" or not self.pragma_simd:
-            return None
-        args = [expr.op_get_arg(i + 1).to_C_str() for i in range(expr.op_get_n_arg() - 1)]
-        bind = dict(zip(st.vars, args))
-        word = re.compile(rf"\b{re.escape(it)}\b")
-        if any(word.search(bind[v]) for v in st.tc.lhs_vars):
-            return None
+        st, bind = parts
         s = st.tc.stmt
         pad, t = "  " * ind, self.ctype(st.tc.dtype)
         lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
@@ -246,6 +258,79 @@ class CPrinter:
                 f"{pad}  }}",
                 f"{pad}  {lhs} = tc_acc;",
                 f"{pad}}}"]
+
+    # unroll-and-jam factor of a parallel loop around an innermost reduction: ``jam``
+    # accumulators share each load of the reduction's other operand (register blocking)
+    jam = 4
+
+    def emit_jammed(self, node: isl.AstNode, ind: int) -> list[str] | None:
+        """Unroll-and-jam a *coincident* loop whose body is straight-line statements plus one
+        innermost reduction loop: iterations are independent, so running the statements of
+        ``jam`` iterations side by side and their reductions in one loop is legal.
+
+        None when the pattern does not apply."""
+        it = node.for_get_iterator().to_C_str()
+        cond = node.for_get_cond()
+        if node.for_get_inc().to_C_str() != "1" or cond.get_type() != isl.ast_expr_type.op:
+            return None
+        op = cond.op_get_type()
+        if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
+                cond.op_get_arg(0).to_C_str() != it:
+            return None
+        last = cond.op_get_arg(1).to_C_str()
+        if op == isl.ast_expr_op_type.lt:
+            last = f"({last}) - 1"
+        leaves = _flatten(node.for_get_body())
+        loops = [n for n in leaves if n.get_type() == isl.ast_node_type.for_]
+        if len(loops) != 1 or any(not _is_innermost(n) for n in leaves if n is not loops[0]):
+            return None
+        red = loops[0]
+        rit = red.for_get_iterator().to_C_str()
+        rbody = red.for_get_body()
+        parts = self._reduction_parts(rbody, rit)
+        if parts is None or red.for_get_inc().to_C_str() != "1":
+            return None
+        st, bind = parts
+        rinit, rcond = red.for_get_init().to_C_str(), red.for_get_cond().to_C_str()
+        if _mentions_word(rinit + " " + rcond, it) or \
+                not any(_mentions_word(bind[v], it) for v in st.tc.lhs_vars):
+            return None
+        U, pad, s = self.jam, "  " * ind, st.tc.stmt
+        t = self.ctype(st.tc.dtype)
+        base = f"{it}_j"
+        lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
+        binds = " ".join(f"const int {c_name(v)} = {bind[v]};" for v in st.vars)
+        lhs_binds = " ".join(f"const int {c_name(v)} = {bind[v]};" for v in st.tc.lhs_vars)
+        rhs = f"({self.expr(s.rhs)})"
+        accs = ", ".join(f"tc_acc{u}" for u in range(U))
+        out = [f"{pad}{{", f"{pad}  int {base} = {node.for_get_init().to_C_str()};",
+               f"{pad}  for (; {base} + {U - 1} <= {last}; {base} += {U}) {{"]
+        for leaf in leaves:
+            if leaf is not red:
+                for u in range(U):
+                    out.append(f"{pad}    {{ const int {it} = {base} + {u};")
+                    out += self.emit_node(leaf, ind + 3)
+                    out.append(f"{pad}    }}")
+                continue
+            out.append(f"{pad}    {t} {accs};")
+            out.append(f"{pad}    {t} *tc_p0" + "".join(f", *tc_p{u}" for u in range(1, U)) + ";")
+            for u in range(U):
+                out.append(f"{pad}    {{ const int {it} = {base} + {u}; {lhs_binds} "
+                           f"tc_p{u} = &{lhs}; tc_acc{u} = *tc_p{u}; }}")
+            out.append(f"{pad}    {self.pragma_simd} "
+                       f"reduction({self._OMP_REDUCTION[s.op]}:{accs})")
+            out.append(f"{pad}    for (int {rit} = {rinit}; {rcond}; {rit} += 1) {{")
+            for u in range(U):
+                upd = self.combine(s.op, f"tc_acc{u}", rhs, st.tc.dtype)
+                out.append(f"{pad}      {{ const int {it} = {base} + {u}; {binds} "
+                           f"tc_acc{u} = ({t})({upd}); }}")
+            out.append(f"{pad}    }}")
+            out += [f"{pad}    *tc_p{u} = tc_acc{u};" for u in range(U)]
+        out.append(f"{pad}  }}")
+        out.append(f"{pad}  for (int {it} = {base}; {it} <= {last}; {it} += 1) {{")
+        out += self.emit_node(node.for_get_body(), ind + 2)
+        out += [f"{pad}  }}", f"{pad}}}"]
+        return out
 
     # statement instances below which a kernel runs on one thread: starting a parallel region
     # costs more than it saves there (and far more on an oversubscribed machine)
@@ -391,6 +476,20 @@ class CPrinter:
             return f"(1 / {'sqrt' if dbl else 'sqrtf'}({args[0]}))"
         f32, f64 = _FLOAT_FUNCS[base]
         return f"{f64 if dbl else f32}({', '.join(args)})"
+
+
+def _mentions_word(text: str, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def _flatten(node: isl.AstNode) -> list:
+    """The statements of ``node`` with marks and nested blocks removed, in order."""
+    t = node.get_type()
+    if t == isl.ast_node_type.mark:
+        return _flatten(node.mark_get_node())
+    if t == isl.ast_node_type.block:
+        return [x for c in _ast_list(node.block_get_children()) for x in _flatten(c)]
+    return [node]
 
 
 def _ast_list(lst) -> list:
