@@ -97,7 +97,7 @@ def _writer(path, worker, n):
 
 def test_two_processes_writing_keep_every_entry(tmp_path):
     path = str(tmp_path / "c.json")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # the child only needs cache.py, already imported
     procs = [ctx.Process(target=_writer, args=(path, w, 15)) for w in range(2)]
     for p in procs:
         p.start()

@@ -34,11 +34,9 @@ class CudaPrinter(GpuPrinter):
     restrict = "__restrict__"
     pragma_unroll = "#pragma unroll {n}"
     half_type = "__half"
-    prelude = """#include <cuda_fp16.h>
+    dialect_prelude = """#include <cuda_fp16.h>
 #include <stdint.h>
 #include <math.h>
-#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
-#define tc_clamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
 """
 
     def access(self, name: str, subs, call) -> str:

@@ -55,6 +55,13 @@ class GpuPrinter(CPrinter):
     thread_id = ""
     pragma_parallel = ""
     pragma_simd = ""
+    dialect_prelude = ""         # dialect lines; the C printer's macros (minus #include) follow
+
+    @property
+    def prelude(self) -> str:  # type: ignore[override]
+        shared = [ln for ln in CPrinter.prelude.splitlines()
+                  if ln.strip() and not ln.startswith("#include")]
+        return self.dialect_prelude + "\n".join(shared) + "\n"
 
     def __init__(self, mapping: GpuMapping):
         super().__init__(mapping.kernel, mapping.options)
@@ -295,7 +302,7 @@ class OpenCLPrinter(GpuPrinter):
     pragma_unroll = "__attribute__((opencl_unroll_hint({n})))"
     half_type = "half"
     # OpenCL's math builtins are overloaded on float/double: the C99 float names map onto them.
-    prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+    dialect_prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define expf exp
 #define logf log
 #define tanhf tanh
@@ -337,6 +344,4 @@ typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef u
 #define UINT16_MAX USHRT_MAX
 #define UINT32_MAX UINT_MAX
 #define UINT64_MAX ULONG_MAX
-#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
-#define tc_clamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
 """
