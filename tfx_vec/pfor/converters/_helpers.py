@@ -178,6 +178,9 @@ def expand_after_batch(t: tf.Tensor, k: int) -> tf.Tensor:
     """Insert ``k`` singleton axes after the batch axis: ``[n, *s] -> [n, 1.., *s]``."""
     if k <= 0:
         return t
+    if t.shape.is_fully_defined():
+        dims = t.shape.as_list()
+        return tf.reshape(t, dims[:1] + [1] * k + dims[1:])
     shape = tf.shape(t)
     new_shape = tf.concat([shape[:1], tf.ones([k], tf.int32), shape[1:]], 0)
     out = tf.reshape(t, new_shape)
@@ -187,7 +190,14 @@ def expand_after_batch(t: tf.Tensor, k: int) -> tf.Tensor:
 
 
 def fold_batch(t: tf.Tensor, k: int = 1) -> tuple[tf.Tensor, tf.Tensor]:
-    """``[n, a1..ak, *rest] -> [n*a1*..*ak, *rest]``; returns it and the folded leading shape."""
+    """``[n, a1..ak, *rest] -> [n*a1*..*ak, *rest]``; returns it and the folded leading shape.
+
+    Static shapes give constant shape operands (fewer ops to trace, XLA-friendly).
+    """
+    if t.shape.is_fully_defined():
+        dims = t.shape.as_list()
+        lead = dims[:k + 1]
+        return tf.reshape(t, [int(np.prod(lead))] + dims[k + 1:]), tf.constant(lead, tf.int32)
     shape = tf.shape(t)
     lead = shape[:k + 1]
     flat = tf.reshape(t, tf.concat([[-1], shape[k + 1:]], 0))
@@ -201,6 +211,9 @@ def fold_batch(t: tf.Tensor, k: int = 1) -> tuple[tf.Tensor, tf.Tensor]:
 def unfold_batch(t: tf.Tensor, lead: tf.Tensor, lead_static: Sequence[int | None] = None
                  ) -> tf.Tensor:
     """Inverse of :func:`fold_batch`: ``[N, *rest] -> [*lead, *rest]``."""
+    lead_value = static_value(lead)
+    if lead_value is not None and t.shape[1:].is_fully_defined():
+        return tf.reshape(t, [int(d) for d in lead_value] + t.shape.as_list()[1:])
     out = tf.reshape(t, tf.concat([lead, tf.shape(t)[1:]], 0))
     if lead_static is not None and t.shape.rank is not None:
         out.set_shape(list(lead_static) + t.shape.as_list()[1:])

@@ -44,7 +44,12 @@ def _n(x: ConversionInput, t: tf.Tensor) -> tf.Tensor:
 
 
 def _with_batch(x: ConversionInput, shape: tf.Tensor) -> tf.Tensor:
-    """``[n, *shape]`` for a shape vector."""
+    """``[n, *shape]`` for a shape vector (a constant when both are static)."""
+    n, value = static_value(x.loop_len), static_value(shape) if isinstance(shape, tf.Tensor) \
+        else np.asarray(shape)
+    if n is not None and value is not None:
+        return tf.constant(np.concatenate([[int(n)], np.asarray(value).reshape(-1)])
+                           .astype(np.asarray(value).dtype if np.asarray(value).size else np.int32))
     shape = tf.convert_to_tensor(shape)
     return tf.concat([tf.reshape(tf.cast(x.loop_len, shape.dtype), [1]), shape], 0)
 
@@ -207,7 +212,12 @@ def _strided_slice(x: ConversionInput):
     if not _invariant(x, 1, 2, 3):
         return None
     begin, end, strides = (x.input(i).t for i in (1, 2, 3))
-    one = lambda t, v: tf.concat([tf.fill([1], tf.cast(v, t.dtype)), t], 0)  # noqa: E731
+
+    def one(t, v):
+        value = static_value(t)
+        if value is not None:
+            return tf.constant(np.concatenate([[v], value]).astype(value.dtype))
+        return tf.concat([tf.fill([1], tf.cast(v, t.dtype)), t], 0)
     attrs = {m: x.attr(m) << 1 for m in ("begin_mask", "end_mask", "ellipsis_mask",
                                           "new_axis_mask", "shrink_axis_mask")}
     attrs["begin_mask"] |= 1

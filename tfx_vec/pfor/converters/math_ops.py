@@ -71,6 +71,9 @@ def _select(x: ConversionInput):
 def _swap_last_two(t: tf.Tensor) -> tf.Tensor:
     """Transpose the last two axes of ``[n, a, b]``; a free reshape when a or b is 1."""
     if t.shape.rank == 3 and 1 in t.shape.as_list()[1:]:
+        if t.shape.is_fully_defined():
+            n, a, b = t.shape.as_list()
+            return tf.reshape(t, [n, b, a])
         shape = tf.shape(t)
         out = tf.reshape(t, tf.stack([shape[0], shape[2], shape[1]]))
         out.set_shape([t.shape[0], t.shape[2], t.shape[1]])
