@@ -149,6 +149,21 @@ def test_run_time_loop_length():
                  modes=("dynamic", "one", "chunked"), rtol=1e-4, atol=1e-4)
 
 
+def test_static_shapes_survive_a_run_time_loop_length():
+    """Outputs keep the per-iteration static shape, so later converters need no fallback."""
+    xs, fs = gathered(rand(3, 2, 5, 5, 2)), gathered(rand(3, 3, 3, 2, 4))
+    shapes = []
+
+    @tf.function
+    def run(n):
+        out = tfx_vec.pfor(lambda i: tf.nn.conv2d(xs(i), fs(i), 1, "SAME"), n,
+                           fallback_to_while_loop=False)
+        shapes.append(out.shape.as_list())
+        return out
+    run(tf.constant(3))
+    assert shapes == [[None, 2, 5, 5, 4]]
+
+
 def test_folded_formulations_compile_with_xla():
     """Grouped/depthwise/batch-norm folds inside ``tf.function(jit_compile=True)``."""
     xs, fs = gathered(rand(3, 2, 5, 5, 2)), gathered(rand(3, 3, 3, 2, 4))

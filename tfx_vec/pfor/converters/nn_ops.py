@@ -59,17 +59,34 @@ def empty_outputs(x: ConversionInput) -> list[WrappedTensor] | None:
     return stacked(*[tf.zeros([0] + o.shape.as_list(), o.dtype) for o in x.op.outputs])
 
 
-def converter(*op_types: str) -> Callable[[Callable], Callable]:
-    """``register_converter`` for this family, plus the empty loop (``iters == 0``).
+def with_static_shapes(x: ConversionInput, result):
+    """Give stacked outputs the original op's static per-iteration shape.
 
-    Folding zero iterations into channels or groups would ask kernels for zero groups, so an
-    empty loop short-circuits to empty outputs of the right per-iteration shape.
+    Reshapes through run-time shape vectors lose static dims (always so with a run-time loop
+    length); later converters that need a static rank would otherwise fall back to a loop.
+    """
+    if result is None:
+        return None
+    outs = [result] if isinstance(result, WrappedTensor) else list(result)
+    n = loop_len_static(x)
+    for w, o in zip(outs, x.op.outputs):
+        if w.is_stacked and w.t.dtype != tf.variant and o.shape.rank is not None:
+            w.t.set_shape(tf.TensorShape([n]).concatenate(o.shape))
+    return outs
+
+
+def converter(*op_types: str) -> Callable[[Callable], Callable]:
+    """``register_converter`` for this family, plus static shapes and the empty loop.
+
+    Folding zero iterations (``iters == 0``) into channels or groups would ask kernels for
+    zero groups, so an empty loop short-circuits to empty outputs of the right per-iteration
+    shape.  Outputs get the static shapes of :func:`with_static_shapes`.
     """
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def guarded_fn(x: ConversionInput):
             empty = empty_outputs(x)
-            return fn(x) if empty is None else empty
+            return with_static_shapes(x, fn(x)) if empty is None else empty
         register_converter(*op_types)(guarded_fn)
         return fn
     return decorate
