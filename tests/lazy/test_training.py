@@ -48,6 +48,29 @@ def test_unconnected_and_unwatched_sources_follow_eager_rules():
         once.gradient(y, w)
 
 
+def test_only_ops_inside_the_with_block_are_differentiated():
+    """As eager: ops before the tape are constants; a target computed after exit is not
+    recorded (None); nested tapes give second derivatives."""
+    wa = random_array(np.random.default_rng(3), (3,))
+
+    def run(tape_cls, w):
+        pre = w * 2.0                                  # before the tape: a constant for it
+        with tape_cls(persistent=True) as tape:
+            loss = tf.reduce_sum(pre * w + tf.sin(w))
+        after = loss * w                               # after exit: not on the tape
+        with tape_cls() as outer:
+            with tape_cls() as inner:
+                cube = tf.reduce_sum(w * w * w)
+            g = inner.gradient(cube, w)
+        return [tape.gradient(loss, w), tape.gradient(after, w), outer.gradient(g, w)]
+    lz = run(lazy.GradientTape, lazy.Variable(wa))
+    eg = run(tf.GradientTape, tf.Variable(wa))
+    lazy.mark_step()
+    assert lz[1] is None and eg[1] is None
+    np.testing.assert_allclose(lz[0].numpy(), eg[0].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(lz[2].numpy(), eg[2].numpy(), rtol=1e-5)
+
+
 def test_value_forced_inside_the_tape_keeps_its_gradient():
     """Printing the loss or branching on it inside the tape (a barrier) still differentiates."""
     wa = random_array(np.random.default_rng(1), (4,))

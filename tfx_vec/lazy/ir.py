@@ -11,7 +11,8 @@ new node (substitution).  Leaves are parameters of the program that computes the
 
 Every other node is an op from ``ops.OPS`` (``attrs`` hold its non-tensor arguments), ``out``
 (element ``attrs[0]`` of a multi-output op) or ``grad`` (gradients of ``inputs[0]`` with respect to
-``inputs[1:]``, built at lowering time).
+``inputs[1:]``, built at lowering time; ``attrs`` hold the tape's window of creation stamps, which
+the key turns into the indices of the entries the tape recorded).
 
 :func:`canonicalize` numbers the nodes reachable from a program's outputs in post-order and
 returns a hashable key that names ops, attrs, shapes, dtypes and the wiring but no data: two
@@ -30,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import itertools
 from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
@@ -37,15 +39,18 @@ import tensorflow as tf
 __all__ = ["Node", "Program", "canonicalize", "text", "short_dtype", "key_hash"]
 
 PARAM_OPS = frozenset({"data", "var", "scalar"})
+LEAF_OPS = frozenset({"data", "var", "scalar", "const"})
+serials = itertools.count()   # creation stamps: a lazy.GradientTape records a window of them
 
 
 class Node:
     """One IR node.  Treat as frozen: construct a new node instead of changing one."""
 
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "sig", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "sig", "serial",
+                 "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
-                 dtype: tf.DType | None, value: Any = None):
+                 dtype: tf.DType | None, value: Any = None, serial: int | None = None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
@@ -54,6 +59,7 @@ class Node:
         self.value = value
         # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
         self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
+        self.serial = next(serials) if serial is None else serial
 
     @classmethod
     def leaf(cls, op: str, value: Any, attrs: tuple = ()) -> "Node":
@@ -150,6 +156,12 @@ def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] =
         elif op == "scalar":
             scalars.append(node.value)
             entries.append(("scalar", node.sig))
+        elif op == "grad":  # (sources, output grads, window) -> the recorded entries, by index
+            n_src, n_og, start, end = node.attrs
+            inside = tuple([j for j, m in enumerate(order[:i])
+                            if m.op not in LEAF_OPS and start <= m.serial < end])
+            entries.append((op, (n_src, n_og, inside), None,
+                            tuple([index[x] for x in node.inputs])))
         else:
             entries.append((op, node.attrs, node.sig, tuple([index[x] for x in node.inputs])))
     key = (tuple(entries), tuple([index[n] for n in outputs]),
@@ -166,7 +178,7 @@ def _fmt_attr(node: Node) -> str:
     if node.op in ("out", "const"):
         return repr(node.attrs[0])
     if node.op == "grad":
-        return f"sources={node.attrs[0]}"
+        return f"sources={node.attrs[0]}, window={node.attrs[2:]}"
     if len(node.attrs) == 2 and isinstance(node.attrs[1], tuple):  # (layout, keyword attrs)
         return ", ".join(f"{k}={v!r}" for k, v in node.attrs[1])
     return repr(node.attrs)

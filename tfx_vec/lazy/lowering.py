@@ -7,9 +7,11 @@ Parameters arrive as three arguments: the data tensors, one float64 vector of th
 the ``assign``s last, so every read sees the value from before the step; under XLA the updates
 write the variables' buffers in place.
 
-When the program contains ``grad`` entries the whole replay runs under one persistent
-``tf.GradientTape`` that watches the gradient sources as they are produced, and each ``grad``
-entry calls ``tape.gradient``: forward and backward are traced, and compiled, together.
+Each ``grad`` entry gets a persistent ``tf.GradientTape``, active over the whole replay, that
+watches that gradient's sources as they are produced and is paused (``stop_recording``) for the
+entries outside the lazy tape's window, as eager TF records only ops run inside the ``with``
+block; the entry calls ``tape.gradient``: forward and backward are traced, and compiled,
+together.
 
 Example:
     >>> import tensorflow as tf
@@ -35,7 +37,7 @@ __all__ = ["build"]
 
 
 def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
-    n_src, n_og = entry[1]
+    n_src, n_og, _ = entry[1]
     idx = entry[3]
     target, sources = values[idx[0]], [values[j] for j in idx[1:1 + n_src]]
     og = [values[j] for j in idx[1 + n_src:]] or None
@@ -51,7 +53,13 @@ def build(key: tuple, jit: bool = True) -> Callable:
     for a program holding an op XLA cannot compile (counted as ``fallback::no_xla``).
     """
     entries, outputs, assigns = key
-    watch = {j for e in entries if e[0] == "grad" for j in e[3][1:1 + e[1][0]]}
+    grads = [i for i, e in enumerate(entries) if e[0] == "grad"]
+    inside = {g: frozenset(entries[g][1][2]) for g in grads}
+    watch = {}  # entry -> the grads whose sources it is
+    for g in grads:
+        for j in entries[g][3][1:1 + entries[g][1][0]]:
+            watch.setdefault(j, []).append(g)
+    leaf = ("data", "var", "scalar", "const", "out")
     var_pos, k = {}, 0
     for i, e in enumerate(entries):
         if e[0] == "var":
@@ -61,10 +69,17 @@ def build(key: tuple, jit: bool = True) -> Callable:
     def replay(data: list, scalars: tf.Tensor, variables: list) -> list:
         values: list[Any] = [None] * len(entries)
         di = si = vi = 0
-        tape = tf.GradientTape(persistent=True) if watch else None
-        with tape if tape is not None else contextlib.nullcontext():
+        tapes = {g: tf.GradientTape(persistent=True) for g in grads}
+        with contextlib.ExitStack() as active:
+            for t in tapes.values():
+                active.enter_context(t)
             for i, e in enumerate(entries):
                 op = e[0]
+                paused = contextlib.ExitStack()
+                if tapes and op not in leaf:  # like eager: only ops in a tape's window are on it
+                    for g, t in tapes.items():
+                        if i not in inside[g]:
+                            paused.enter_context(t.stop_recording())
                 if op == "data":
                     v = data[di]
                     di += 1
@@ -80,18 +95,20 @@ def build(key: tuple, jit: bool = True) -> Callable:
                 elif op == "out":
                     v = values[e[3][0]][e[1][0]]
                 elif op == "grad":
-                    v = _grad(tape, e, values)
+                    with paused:
+                        v = _grad(tapes[i], e, values)
                 else:
                     layout, attrs = e[1]
                     try:
-                        v = call(OPS[op], [values[j] for j in e[3]], layout, attrs)
+                        with paused:
+                            v = call(OPS[op], [values[j] for j in e[3]], layout, attrs)
                     except Exception as err:  # name the node, keep the cause
                         raise LazyCompileError(f"lowering node %{i} ({op}) failed: {err}") \
                             from err
                     if e[2] is None:
                         v = tf.nest.flatten(v)
-                if i in watch:
-                    tape.watch(v)
+                for g in watch.get(i, ()):
+                    tapes[g].watch(v)
                 values[i] = v
         for var_i, val_i in assigns:
             variables[var_pos[var_i]].assign(values[val_i])

@@ -9,8 +9,10 @@ tensors only after ``tape.watch``; an unconnected source gets ``None`` (or zeros
 (printing the loss, branching on it) keeps its recorded computation for the gradient: the tape
 remembers it until its gradient (or, when persistent, until the tape is garbage).
 
-Limits: ops recorded *before* the tape was entered are differentiated too (eager would stop at
-them), and a variable whose update was written back by a barrier between the forward pass and
+As in eager, only ops recorded inside the ``with`` block are differentiated: each node carries a
+creation stamp, the grad node the tape's window, and lowering pauses the replay's tape outside it.
+
+Limits: a variable whose update was written back by a barrier between the forward pass and
 ``gradient`` is differentiated at its new value: take gradients before ``mark_step``, as with
 PyTorch/XLA.
 
@@ -31,6 +33,7 @@ import tensorflow as tf
 
 from . import runtime
 from .errors import LazyGradientError
+from . import ir
 from .ir import Node, _post_order
 from .tensor import LazyTensor, Variable, tensor
 
@@ -46,13 +49,15 @@ class GradientTape:
         self._watched: dict[int, Node] = {}
         self._history: dict[int, tuple[Node, Node]] = {}
         self._used = False
+        self._window: list = [None, None]   # creation stamps of the ops it records
 
     def __enter__(self) -> "GradientTape":
         runtime._tapes.add(self)  # until its (last) gradient: barriers report to it
+        self._window = [next(ir.serials), None]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        self._window[1] = next(ir.serials)
 
     def watch(self, tensors: Any) -> None:
         """Watch lazy tensors (and variables) so gradients with respect to them exist."""
@@ -82,7 +87,7 @@ class GradientTape:
                 continue
             inputs = tuple(memo[id(x)] for x in n.inputs)
             if any(a is not b for a, b in zip(inputs, n.inputs)):
-                memo[id(n)] = Node(n.op, inputs, n.attrs, n.shape, n.dtype, n.value)
+                memo[id(n)] = Node(n.op, inputs, n.attrs, n.shape, n.dtype, n.value, n.serial)
             else:
                 memo[id(n)] = n
         return memo[id(node)]
@@ -99,9 +104,13 @@ class GradientTape:
             runtime._tapes.discard(self)
         if not isinstance(target, LazyTensor):
             raise LazyGradientError(f"target must be a lazy tensor, got {type(target).__name__}")
+        start, end = self._window
+        if start is None:
+            raise LazyGradientError("use the lazy.GradientTape in a `with` block first")
+        end = next(ir.serials) if end is None else end
         memo: dict[int, Node] = {}
         t_node = self._symbolic(target._node, memo)
-        ancestors = _ancestors(t_node)
+        ancestors = _ancestors(t_node, start, end)
         flat = tf.nest.flatten(sources)
         picked, nodes = [], []
         for k, s in enumerate(flat):
@@ -120,7 +129,8 @@ class GradientTape:
                   for x in tf.nest.flatten(output_gradients)]
         results: list = [None] * len(flat)
         if picked:
-            g = Node("grad", (t_node, *nodes, *og), (len(nodes), len(og)), None, None)
+            g = Node("grad", (t_node, *nodes, *og), (len(nodes), len(og), start, end), None,
+                     None)
             for j, (k, n) in enumerate(zip(picked, nodes)):
                 results[k] = LazyTensor(Node("out", (g,), (j,), n.shape, n.dtype))
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
@@ -128,11 +138,15 @@ class GradientTape:
         return tf.nest.pack_sequence_as(sources, results)
 
 
-def _ancestors(root: Node) -> set:
+def _ancestors(root: Node, start: int, end: int) -> set:
+    """Nodes the tape connects to ``root``: paths only go through ops recorded in its window."""
     seen = {root}
     stack = [root]
     while stack:
-        for x in stack.pop().inputs:
+        node = stack.pop()
+        if node.op in ir.LEAF_OPS or not start <= node.serial < end:
+            continue
+        for x in node.inputs:
             if x not in seen:
                 seen.add(x)
                 stack.append(x)
