@@ -72,6 +72,24 @@ def implementations(one, batched):
     }
 
 
+def interleaved(fns: dict, rounds: int, inner: int, warmup: int = 3) -> dict:
+    """Seconds per call of each function, sampled round-robin (one sample of each per round)
+    so that load drifting on a shared machine hits every implementation alike.
+    Returns ``{name: (median, min, max)}``."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f().numpy()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                out = f()
+            out.numpy()
+            samples[name].append((time.perf_counter() - t0) / inner)
+    return {name: (statistics.median(v), min(v), max(v)) for name, v in samples.items()}
+
+
 def first_call_seconds(makers: dict, xs, repeats: int) -> dict[str, float]:
     """Median time of the first call of a fresh tf.function per implementation; samples are
     interleaved and one untimed round goes first (process-wide one-time costs)."""
@@ -89,7 +107,7 @@ def first_call_seconds(makers: dict, xs, repeats: int) -> dict[str, float]:
 def run(quick: bool) -> Report:
     rng = np.random.default_rng(0)
     sizes = [1, 16, 256] if quick else [1, 4, 16, 64, 256, 1024]
-    timing = dict(repeats=5, warmup=3) if quick else dict(repeats=9, warmup=3)
+    rounds = 5 if quick else 9
     report = Report("pfor_autobatch", unit="examples/s", ours=OURS, higher_is_better=True)
     fallbacks = {}
     for name, model in (("linear", linear_model), ("convnet", convnet_model)):
@@ -98,17 +116,18 @@ def run(quick: bool) -> Report:
         tfx_vec.reset_fallbacks()
         for b in sizes:
             xs = inputs(b)
-            for impl, fn in impls.items():
-                if impl.startswith("tf.map_fn") and name == "convnet" and b > 256:
-                    continue      # minutes per sample on a shared 2-core machine; see notes
-                report.measure(f"{name} b={b}", impl, lambda: fn(xs), items=b, **timing)
+            fns = {impl: (lambda fn=fn: fn(xs)) for impl, fn in impls.items()
+                   # the while loop on 1024 images takes minutes per sample on a shared machine
+                   if not (impl.startswith("tf.map_fn") and name == "convnet" and b > 256)}
+            for impl, (med, lo, hi) in interleaved(fns, rounds, max(1, 64 // b)).items():
+                report.add(f"{name} b={b}", impl, b / med, lo=b / hi, hi=b / lo)
         fallbacks[name] = dict(tfx_vec.fallback_report())
         makers = {OURS: lambda: tf.function(lambda v: tfx_vec.vectorized_map(one, v)),
                   "tf.vectorized_map": lambda: tf.function(lambda u: tf.vectorized_map(one, u))}
         for impl, secs in first_call_seconds(makers, inputs(256), 3 if quick else 5).items():
             report.add(f"{name} first call b=256 (calls/s)", impl, 1.0 / secs, seconds=secs)
     report.notes = (
-        "examples/s, median of timed calls inside tf.function (first-call rows: calls/s of a "
+        "examples/s, median of round-robin timed calls inside tf.function (first-call rows: calls/s of a "
         "fresh tf.function's first call = trace + vectorize + run).\n"
         f"pfor fallbacks (op type: count): {fallbacks}")
     return report
