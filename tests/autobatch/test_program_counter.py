@@ -34,3 +34,15 @@ def test_stack_overflow_in_graph_is_an_assertion():
 def test_max_steps_is_an_error_naming_members():
     with pytest.raises(ab.MaxStepsExceededError, match=r"members \[1\]"):
         fib(tf.constant([3, 20]), max_steps=50)
+
+
+@pytest.mark.parametrize("scheduler", ["earliest", "sweep"])
+def test_utilization_counters(scheduler):
+    x = tf.constant([3, 7, 4, 5, 0, 1])
+    fib(x, scheduler=scheduler)
+    st = fib.last_status
+    runs, members = st.block_runs.numpy(), st.block_members.numpy()
+    # Block 1 is the base case: it runs once per leaf of every member's call tree.
+    leaves = reference(fib, x).sum()
+    assert members[1] == leaves
+    assert (runs <= st.steps.numpy()).all() and (members >= runs).all() and runs[0] > 0

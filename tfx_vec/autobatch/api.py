@@ -54,6 +54,8 @@ class AutobatchFunction:
         self._program: ir.Program | None = None
         self._lowered: ir.Program | None = None
         self._compiled: dict[Any, Any] = {}
+        # program_counter.Status of the last eager program-counter call (utilization counters).
+        self.last_status: Any = None
 
     def program(self) -> ir.Program:
         """The Function-IR program (compiled from source on first use)."""

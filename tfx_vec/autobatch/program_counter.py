@@ -41,10 +41,13 @@ __all__ = ["run", "call", "Status", "SCHEDULERS"]
 
 
 class Status(NamedTuple):
-    """Per-member flags after a run, and the number of loop steps taken."""
-    overflow: tf.Tensor     # [B] bool: recursed deeper than max_stack_depth
-    unfinished: tf.Tensor   # [B] bool: still running when max_steps ran out
-    steps: tf.Tensor        # scalar int32
+    """Per-member flags after a run, the number of loop steps taken, and utilization counters:
+    how many times each block ran and how many members were active in it, summed."""
+    overflow: tf.Tensor       # [B] bool: recursed deeper than max_stack_depth
+    unfinished: tf.Tensor     # [B] bool: still running when max_steps ran out
+    steps: tf.Tensor          # scalar int32
+    block_runs: tf.Tensor     # [num_blocks] int32
+    block_members: tf.Tensor  # [num_blocks] int32
 
 
 def _earliest(pc: tf.Tensor, halt: int) -> tf.Tensor:
@@ -114,6 +117,8 @@ class _Machine:
             "pc": tf.zeros([batch], tf.int32),
             "pc_sp": tf.ones([batch], tf.int32),
             "overflow": tf.zeros([batch], tf.bool),
+            "runs": tf.zeros([self.halt], tf.int32),
+            "members": tf.zeros([self.halt], tf.int32),
             "vals": {v: zeros_of(self.types[v]) for v in self.registers + self.stacks},
             "sp": {v: tf.zeros([batch], tf.int32) for v in self.stacks},
         }
@@ -196,7 +201,8 @@ class _Machine:
             pc_sp = pc_sp - tf.cast(active, tf.int32)
             pc = tf.where(active, _read_slot(big["pc_stack"], pc_sp, self.depth + 1), pc)
         pc = tf.where(overflow, self.halt, pc)
-        return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp},
+        return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp,
+                 "runs": small["runs"], "members": small["members"]},
                 {"pc_stack": pc_write, "stack": writes})
 
     def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
@@ -232,9 +238,16 @@ class _Machine:
             new, writes = self.block(i, small, big)
             return new, self.uniform(small, writes, keys)
 
+        def count(small, i):
+            here = tf.reduce_sum(tf.cast(tf.equal(small["pc"], i), tf.int32))
+            hot = tf.one_hot(i, self.halt, dtype=tf.int32)
+            return dict(small, runs=small["runs"] + hot * tf.minimum(here, 1),
+                        members=small["members"] + hot * here)
+
         def body(steps, small, big):
             if choose is None:  # a sweep: every block once, in program order
                 for i in range(self.halt):
+                    small = count(small, i)
                     if scheduler == "sweep_guarded":
                         keys = self.writes_of(i)
                         small, writes = tf.cond(
@@ -248,6 +261,7 @@ class _Machine:
                     big = apply(big, writes)
                 return steps + 1, small, big
             nxt = choose(small["pc"], self.halt)
+            small = count(small, tf.minimum(nxt, self.halt - 1))
             small, writes = tf.switch_case(
                 tf.minimum(nxt, self.halt - 1),
                 [lambda i=i: uniform_block(i, small, big) for i in range(self.halt)])
@@ -260,7 +274,7 @@ class _Machine:
                                         maximum_iterations=max_steps)
         result = small["vals"][self.p.result]
         status = Status(small["overflow"], tf.not_equal(small["pc"], self.halt) &
-                        ~small["overflow"], steps)
+                        ~small["overflow"], steps, small["runs"], small["members"])
         return result, status
 
 
@@ -328,5 +342,6 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
         fn._compiled[jkey] = tf.function(go, jit_compile=bool(opts["jit_compile"]),
                                          autograph=False)
     result, status = fn._compiled[jkey](*args)
+    fn.last_status = status
     _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)
     return result
