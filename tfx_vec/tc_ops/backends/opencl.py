@@ -24,6 +24,7 @@ import functools
 import hashlib
 import threading
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -149,7 +150,9 @@ class OpenCLRuntime:
             return prog
         prog = self.cl.Program(self.context, source)
         try:
-            prog.build(options=["-cl-std=CL1.2"])
+            with warnings.catch_warnings():  # PoCL's notes on unused variables etc.
+                warnings.simplefilter("ignore", self.cl.CompilerWarning)
+                prog.build(options=["-cl-std=CL1.2"])
         except self.cl.Error as e:
             try:
                 log = prog.get_build_info(self.device, self.cl.program_build_info.LOG)
