@@ -119,7 +119,7 @@ def test_jit_compile_uses_masked_cond_and_while():
         c = tf.cond(tf.reduce_sum(xi) > 0.0, lambda: xi * 2.0, lambda: xi - 1.0)
         _, w = tf.while_loop(lambda k, a: k < tf.gather(LENS, i),
                              lambda k, a: (k + 1, a + c), (0, xi))
-        return w
+        return tf.switch_case(i % 3, [lambda: w, lambda: w * w, lambda: -w])
 
     @tf.function(jit_compile=True)
     def run():
