@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings, strategies as st
 
 import tfx_vec
 from tests.pfor.oracle import check_op, check_pfor
@@ -145,3 +146,18 @@ def test_unique_ragged_is_a_clear_error():
 def test_range_ragged_is_a_clear_error():
     with pytest.raises(tfx_vec.VectorizationError, match="Range"):
         tfx_vec.pfor(lambda i: tf.range(i), 3, fallback_to_while_loop=False)
+
+
+@settings(max_examples=5)
+@given(st.lists(st.integers(1, 3), min_size=2, max_size=4), st.randoms(use_true_random=False))
+def test_random_shapes_transpose_slice_concat(shape, rnd):
+    perm = list(range(len(shape)))
+    rnd.shuffle(perm)
+    axis = rnd.randrange(-len(shape), len(shape))
+    x = random_array(np.random.default_rng(len(shape)), shape, F32)
+    y = random_array(np.random.default_rng(7), shape, F32)
+
+    def fn(u, v):
+        t = tf.transpose(u, perm)
+        return tf.concat([t, tf.transpose(v, perm)], axis)[..., ::-1], tf.reduce_sum(u, axis)
+    check_op(fn, [x, y], modes=("eager",))
