@@ -95,7 +95,8 @@ class AutobatchFunction:
         if runtime == "local_static":
             return local_static.run(self.program(), args, gather=opts["gather"],
                                     xla_blocks=opts["xla_blocks"],
-                                    max_stack_depth=opts["max_stack_depth"])
+                                    max_stack_depth=opts["max_stack_depth"],
+                                    max_steps=opts["max_steps"])
         if runtime == "numpy":
             from . import numpy_backend
             return numpy_backend.run(self.program(), self.lowered(), args,

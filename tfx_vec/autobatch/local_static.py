@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import ir
-from .errors import AutobatchError, StackOverflowError
+from .errors import AutobatchError, MaxStepsExceededError, StackOverflowError
 from .types import batch_size_of, run_primitive, select
 
 __all__ = ["run"]
@@ -36,9 +36,9 @@ __all__ = ["run"]
 
 class _Runner:
     def __init__(self, program: ir.Program, gather: bool, xla_blocks: bool,
-                 max_stack_depth: int):
+                 max_stack_depth: int, max_steps: int):
         self.program, self.gather, self.xla = program, gather, xla_blocks
-        self.max_depth = max_stack_depth
+        self.max_depth, self.max_steps, self.steps = max_stack_depth, max_steps, 0
         self.jitted: dict[int, Any] = {}
 
     def primitive(self, prim: ir.Primitive, values: list, batch: Any) -> tuple:
@@ -67,6 +67,12 @@ class _Runner:
             waiting = pc[pc < n_blocks]
             if waiting.size == 0:
                 return env[f.result]
+            self.steps += 1
+            if self.steps > self.max_steps:
+                raise MaxStepsExceededError(
+                    f"{f.loc}: batch members {np.nonzero((pc < n_blocks))[0].tolist()} of this "
+                    f"call of {f.name} had not finished after max_steps={self.max_steps} block "
+                    "executions; raise max_steps if the program does terminate")
             i = int(waiting.min())
             at_block = pc == i
             block = f.blocks[i]
@@ -150,7 +156,7 @@ class _Runner:
 
 @tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
-        xla_blocks: bool = False, max_stack_depth: int = 32) -> Any:
+        xla_blocks: bool = False, max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
     """Run a Function-IR program eagerly on batched ``args`` (Algorithm 1).
 
     Args:
@@ -159,12 +165,14 @@ def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
       gather: gather/scatter the active members instead of masking.
       xla_blocks: compile each primitive with XLA.
       max_stack_depth: deepest Python recursion allowed.
+      max_steps: most block executions (all invocations together).
     Raises:
       StackOverflowError: recursion deeper than ``max_stack_depth``.
+      MaxStepsExceededError: more than ``max_steps`` block executions.
     """
     if not tf.executing_eagerly():
         raise AutobatchError("the local_static runtime runs eagerly (it recurses in Python); "
                              "use runtime='program_counter' inside tf.function")
-    runner = _Runner(program, gather, xla_blocks, max_stack_depth)
+    runner = _Runner(program, gather, xla_blocks, max_stack_depth, max_steps)
     args = tf.nest.map_structure(tf.convert_to_tensor, tuple(args))
     return runner.function(program.functions[program.main], args, 0)
