@@ -111,3 +111,66 @@ def test_stale_binary_is_rebuilt_from_source(tmp_path, monkeypatch):
     o, _ = _call(x, x, tf.constant(2.0), src)
     np.testing.assert_allclose(o.numpy(), 2 * x + x + 1.0)
     assert (kdir / f"{h}.c").read_text() == src
+
+
+# -- TC entry points as TF ops -------------------------------------------------------------
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+
+
+def test_tc_function_in_a_savedmodel_with_its_gradient_graph(tmp_path):
+    from tfx_vec.tc_ops.tf_op import tc_function
+
+    f = tc_function(TMM, "tmm")
+
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([4, 3], tf.float32),
+                                      tf.TensorSpec([5, 3], tf.float32)])
+        def value_and_grad(self, A, B):
+            with tf.GradientTape() as tape:
+                tape.watch(A)
+                loss = tf.reduce_sum(f(A, B) ** 2)
+            return loss, tape.gradient(loss, A)
+
+    tf.saved_model.save(M(), str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    rng = np.random.default_rng(4)
+    A, B = random_array(rng, (4, 3)), random_array(rng, (5, 3))
+    loss, dA = loaded.value_and_grad(A, B)
+    C = A @ B.T
+    np.testing.assert_allclose(loss.numpy(), np.sum(C * C), rtol=1e-4)
+    np.testing.assert_allclose(dA.numpy(), 2 * C @ B, rtol=1e-4, atol=1e-5)
+
+
+def test_tc_function_errors_name_the_input():
+    from tfx_vec.tc_ops.errors import TcShapeError
+    from tfx_vec.tc_ops.tf_op import tc_function
+
+    f = tc_function(TMM, "tmm")
+    with pytest.raises(TcShapeError, match="input A is declared float but got int32"):
+        f(tf.ones([2, 2], tf.int32), tf.ones([2, 2]))
+    with pytest.raises(TcShapeError, match="takes 2 input"):
+        f(tf.ones([2, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([4, 3])],
+                 autograph=False)
+    def dynamic(a, b):
+        return f(a, b)
+
+    with pytest.raises(TcShapeError, match="not fully known"):
+        dynamic.get_concrete_function()
+    g = tc_function(TMM, "tmm", backward=None)
+    a = tf.ones([2, 3])
+    with tf.GradientTape() as tape:
+        tape.watch(a)
+        out = g(a, tf.ones([2, 3]))
+    with pytest.raises(LookupError, match="no gradient is registered"):
+        tape.gradient(out, a)
+
+
+def test_out_of_range_ids_are_clamped_in_the_op_not_read_out_of_bounds():
+    from tfx_vec.tc_ops.tf_op import tc_function
+
+    f = tc_function("def g(float(N) X, int32(M) I) -> (Z) { Z(i) = X(I(i)) }", "g")
+    X = np.arange(1, 5, dtype=np.float32)
+    out = f(X, np.array([0, 3, 7, -2], np.int32)).numpy()
+    np.testing.assert_array_equal(out, [1, 4, 4, 1])
