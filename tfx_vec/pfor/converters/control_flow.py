@@ -37,7 +37,8 @@ from tensorflow.python.ops import control_flow_util, handle_data_util
 
 from tfx_vec.pfor.converters._helpers import create_op_like
 from tfx_vec.pfor.converters.lists import stack_like
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter, tile_to_stacked
+from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
+                                   tile_to_stacked)
 
 
 # {{{ helpers
@@ -297,7 +298,8 @@ class _While:
             v.fallbacks.append((x.op.type, source))
         if hasattr(vmod, "_FALLBACKS"):
             vmod._FALLBACKS[(x.op.type, source)] += 1
-        keep = [i for i in range(self.k) if not (self.pass_through[i] and not x.inputs[i].is_stacked)]
+        keep = [i for i in range(self.k)
+                if not (self.pass_through[i] and not x.inputs[i].is_stacked)]
         tas = [tf.TensorArray(x.op.outputs[i].dtype, size=self.n, infer_shape=False)
                for i in keep]
 

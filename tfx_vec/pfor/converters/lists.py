@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_list_ops, handle_data_util, list_ops
 
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter, tile_to_stacked
+from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
+                                   tile_to_stacked)
 
 
 # {{{ helpers
