@@ -329,6 +329,13 @@ def test_shape_errors_name_the_op_and_user_line():
         x + lazy.tensor(np.ones([4], np.float32))
 
 
+def test_lazy_tensors_inside_tf_function_are_a_clear_error():
+    x = lazy.tensor([1.0, 2.0])
+    with pytest.raises(Exception, match="lazy tensors are for eager code"):  # autograph wraps
+        tf.function(lambda: tf.nn.relu(x) * 2.0)()
+    np.testing.assert_allclose(tf.function(lambda t: t * 2.0)(lazy.to_tensor(x)), [2.0, 4.0])
+
+
 def test_getitem_with_a_tensor_index_falls_back():
     x = lazy.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     np.testing.assert_allclose(x[tf.constant(1)].numpy(), [3.0, 4.0, 5.0])

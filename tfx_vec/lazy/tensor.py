@@ -29,7 +29,9 @@ import numpy as np
 import tensorflow as tf
 
 from . import metrics, runtime
-from .errors import LazyShapeError
+from tensorflow.python.eager.context import executing_eagerly as _executing_eagerly
+
+from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import GETITEM, OPS, OpDef, Unrecordable, _spec_cache, freeze, freeze_index, infer
 
@@ -46,6 +48,10 @@ class LazyTensor:
     __array_priority__ = 100  # numpy defers ``ndarray + lazy`` to our reflected operators
 
     def __init__(self, node: Node):
+        if not _executing_eagerly():
+            raise LazyError("lazy tensors are for eager code: an op on a lazy tensor was called "
+                            f"while tracing a tf.function or graph (at {runtime.user_frame()}); "
+                            "convert with lazy.to_tensor() before entering it")
         self._node = node
         if node.pending:
             runtime.register(self)
