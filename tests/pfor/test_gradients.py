@@ -80,6 +80,12 @@ def test_jacobian_in_graph_mode_with_tf_gradients():
 def test_forward_mode_matches_reverse_mode():
     fwd = G.jacobian(f, X0, mode="forward").numpy()
     np.testing.assert_allclose(fwd, tf_loop_jacobian(f, X0), rtol=1e-10, atol=1e-12)
+    g = lambda x, w: tf.tanh(tf.matmul(x, w)) * tf.reduce_sum(w)  # noqa: E731
+    fwd2 = G.jacobian(g, [X0, W], mode="forward")
+    rev2 = G.jacobian(g, [X0, W])
+    for a, b in zip(fwd2, rev2):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="mode"):
         G.jacobian(f, X0, mode="sideways")
 
@@ -129,3 +135,4 @@ def test_per_example_gradients_match_a_loop_of_tape_gradient():
     loop = G.per_example_gradients(loss_fn, variables, (images, labels), use_pfor=False)
     for a, b in zip(ours, loop):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+
