@@ -94,3 +94,31 @@ def test_fewer_or_more_tile_sizes_than_band_members(tile):
                                       map_to_blocks=(8, 8))).kernels[0]
     # only the coincident members (m, n) of the outer band can be mapped, and only tiled ones
     assert len(gk.grid) == len(gk.block) == min(2, len(tile))
+
+
+def test_coalescing_test_of_the_promotion_heuristic():
+    from tfx_vec.tc_ops.poly.promote import coalesced
+
+    ctx = isl.Context()
+
+    def acc(text):
+        return isl.UnionMap.read_from_str(ctx, text)
+
+    row = acc("{ S[i, j] -> A[i, j] : 0 <= i < 4 and 0 <= j < 4 }")
+    assert coalesced(row, {"S": 1}) and not coalesced(row, {"S": 0})
+    assert not coalesced(acc("{ S[i, j] -> A[j, i] : 0 <= i < 4 and 0 <= j < 4 }"), {"S": 1})
+    assert not coalesced(acc("{ S[i] -> A[2i] : 0 <= i < 4 }"), {"S": 0})
+    assert coalesced(row, {})  # x follows no single variable: decided on reuse alone
+
+
+def test_uncoalesced_single_use_input_is_promoted_only_when_uncoalesced():
+    from tfx_vec.tc_ops.poly.mapping import _x_vars, schedule_for
+
+    src = "def tr(float(N,M) A) -> (B) { B(j,i) = A(i,j) }"
+    k = _kernel(src, {"A": (8, 12)})
+    opts = MappingOptions(tile=(4, 4), map_to_threads=(4, 4), use_shared_memory=True)
+    gk = map_to_gpu(k, opts).kernels[0]
+    band = schedule_for(k, opts).get_root().child(0)
+    x = k.stmt("S0").vars[_x_vars(band.band_get_partial_schedule(), 1)["S0"]]
+    # A(i, j) is read once: promoted exactly when thread x does not follow j
+    assert [p.tensor for p in gk.promotions] == ([] if x == "j" else ["A"])

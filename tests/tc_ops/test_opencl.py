@@ -95,3 +95,13 @@ def test_too_many_threads_for_the_device_is_a_clear_error(monkeypatch):
     case = next(c for c in CASES if c.name == "tmm")
     with pytest.raises(TcBackendError, match="work-group limit 64"):
         check_case(case, MappingOptions(tile=(16, 16), map_to_threads=(16, 16)))
+
+
+def test_transpose_with_promotion_for_coalescing_on_pocl():
+    rng = np.random.default_rng(5)
+    A = rng.uniform(-1, 1, (9, 13)).astype(np.float32)
+    entry = define("def tr(float(N,M) A) -> (B) { B(j,i) = A(i,j) }", backend="opencl")["tr"]
+    for shared in (False, True):
+        (B,) = entry.run_numpy(A, options=MappingOptions(tile=(4, 4), map_to_threads=(4, 4),
+                                                         use_shared_memory=shared))
+        np.testing.assert_array_equal(B, A.T)

@@ -142,6 +142,26 @@ def _residue_filter(node: isl.ScheduleNode, members: list[int], ids: list[str],
     return umap.intersect_range(isl.UnionSet.from_set(rng)).domain()
 
 
+def _x_vars(band_schedule: isl.MultiUnionPwAff, member: int) -> dict[str, int]:
+    """Per statement, the position of the one variable that band ``member`` (the one mapped to
+    thread x) follows, when it follows exactly one (for the coalescing test of promotion)."""
+    out: dict[str, int] = {}
+    pas = band_schedule.get_at(member).get_pw_aff_list()
+    for i in range(pas.n_pw_aff()):
+        pa = pas.get_at(i)
+        if pa.n_piece() != 1:
+            continue
+        affs: list = []
+        pa.foreach_piece(lambda _set, aff: affs.append(aff))
+        aff = affs[0]
+        n = aff.dim(isl.dim_type.in_)
+        used = [k for k in range(n)
+                if not aff.get_coefficient_val(isl.dim_type.in_, k).is_zero()]
+        if len(used) == 1:
+            out[pa.get_domain_space().get_tuple_name(isl.dim_type.set)] = used[0]
+    return out
+
+
 def _extent(node: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> int:
     """Number of values band member ``member`` takes over ``domain`` (max + 1; they start at 0)."""
     upa = node.band_get_partial_schedule().get_at(member)
@@ -158,6 +178,7 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
     if node.get_type() != isl.schedule_node_type.band or _coincident_prefix(node) == 0:
         return GpuKernel(name, node.get_schedule(), (1,), (1,))  # sequential: one thread
     nc = _coincident_prefix(node)
+    band_schedule = node.band_get_partial_schedule()  # before tiling: affine in the variables
     sizes = list(options.tile) or list(options.map_to_threads[:nc])
     tile_node, k = tile_band(node, sizes)
     n_blocks = min(nc, k, len(options.map_to_blocks), 3)
@@ -187,7 +208,8 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
     if options.use_shared_memory:
         ctx_set = isl.Set.read_from_str(kernel.ctx, f"[{', '.join(t_params)}] -> {{ : " + (
             " and ".join(f"0 <= {p} < {e}" for p, e in zip(t_params, extents))) + " }")
-        chosen = promote_shared(kernel, tile_domain, ctx_set, shared_budget)
+        x_vars = _x_vars(band_schedule, n_threads - 1) if n_threads else {}
+        chosen = promote_shared(kernel, tile_domain, ctx_set, shared_budget, x_vars)
         if chosen:
             gk.promotions = chosen
             gk.schedule = gk.schedule.intersect_domain(tile_domain)

@@ -10,8 +10,9 @@ A tensor is promoted when
 - it is only read (a TC input), so copies never need to be written back or merged;
 - its array tile exists with finite sizes, and the sizes fit the remaining shared memory budget
   (greedy, in signature order: the paper's heuristic);
-- its elements are reused (the access relation is not injective).  The paper also promotes
-  uncoalesced single-use accesses; that test is not implemented here.
+- its elements are reused (the access relation is not injective) or some access is not
+  coalesced: stepping the variable that thread x follows by one does not step the innermost
+  subscript by exactly one with the others fixed (:func:`coalesced`).
 Data-dependent subscripts are over-approximated by the whole dimension (``poly/kernel.py``), so an
 indirectly accessed array is promoted whole along those dimensions when it fits; the index
 expression is then evaluated against the copy (offset 0), which is exact.
@@ -40,7 +41,7 @@ import islpy as isl
 from ..lang.types import np_dtype
 from .kernel import PolyKernel
 
-__all__ = ["Promotion", "promote_shared", "footprint_box"]
+__all__ = ["Promotion", "promote_shared", "footprint_box", "coalesced"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +76,11 @@ def footprint_box(footprint: isl.Set, context: isl.Set
 
 
 def promote_shared(kernel: PolyKernel, tile_domain: isl.UnionSet, context: isl.Set,
-                   budget: int) -> list[Promotion]:
-    """The tensors to copy to shared memory for each tile (see module docstring)."""
+                   budget: int, x_vars: dict[str, int] | None = None) -> list[Promotion]:
+    """The tensors to copy to shared memory for each tile (see module docstring).
+
+    ``x_vars`` maps a statement to the position of its variable that thread x follows.
+    """
     reads = kernel.reads.intersect_domain(kernel.domain)
     tile_reads = reads.intersect_domain(tile_domain)
     chosen, used = [], 0
@@ -89,8 +93,8 @@ def promote_shared(kernel: PolyKernel, tile_domain: isl.UnionSet, context: isl.S
         acc = reads.intersect_range(space)
         if acc.is_empty():
             continue
-        if acc.is_injective():
-            continue  # each element read once: a copy would only cost
+        if acc.is_injective() and coalesced(acc, x_vars or {}):
+            continue  # each element read once, and already coalesced: a copy would only cost
         fp = tile_reads.intersect_range(space).range()
         if fp.is_empty():
             continue
@@ -103,3 +107,35 @@ def promote_shared(kernel: PolyKernel, tile_domain: isl.UnionSet, context: isl.S
         chosen.append(promo)
         used += promo.nbytes
     return chosen
+
+
+def coalesced(acc: isl.UnionMap, x_vars: dict[str, int]) -> bool:
+    """Whether every access in ``acc`` reads consecutive elements along thread x.
+
+    For statement ``S`` whose x-mapped loop follows variable ``v``, the accesses of ``S[..v..]``
+    and ``S[..v+1..]`` must differ by exactly 1 in the innermost subscript and 0 elsewhere.
+    A statement with no such variable (x follows a combination, or nothing is mapped) counts
+    as coalesced: promotion is then decided on reuse alone.
+    """
+    maps = acc.get_map_list()
+    for i in range(maps.n_map()):
+        m = maps.get_at(i)
+        name = m.get_tuple_name(isl.dim_type.in_)
+        if name not in x_vars:
+            continue
+        n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
+        if n_out == 0:
+            continue
+        ins = [f"i{k}" for k in range(n_in)]
+        nxt = [f"i{k} + 1" if k == x_vars[name] else f"i{k}" for k in range(n_in)]
+        step = isl.Map(f"{{ {name}[{', '.join(ins)}] -> {name}[{', '.join(nxt)}] }}",
+                       context=m.get_ctx())
+        pairs = m.reverse().apply_range(step.apply_range(m))   # A(i) -> A(i + e_v)
+        if pairs.is_empty():
+            continue
+        unit = isl.Set(f"{{ [{', '.join(['0'] * (n_out - 1) + ['1'])}] }}", context=m.get_ctx())
+        deltas = pairs.deltas()
+        if not deltas.is_equal(unit.set_tuple_id(deltas.get_tuple_id())
+                               if deltas.has_tuple_id() else unit):
+            return False
+    return True
