@@ -33,10 +33,10 @@ from typing import Callable, Sequence
 import tensorflow as tf
 from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph
-from tensorflow.python.ops import control_flow_util, handle_data_util
+from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
 from tfx_vec.pfor.converters._helpers import create_op_like
-from tfx_vec.pfor.converters.lists import stack_like
+from tfx_vec.pfor.converters.lists import handle_dtype, stack_like
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -133,6 +133,58 @@ def _select(mask: tf.Tensor, a: WrappedTensor, b: WrappedTensor, n) -> WrappedTe
 # }}}
 
 
+# {{{ per-iteration execution of one control-flow op
+
+def _slice_iteration(w: WrappedTensor, original: tf.Tensor, j: tf.Tensor) -> tf.Tensor:
+    """Iteration ``j``'s value of ``w`` (an internally stacked list is unstacked too)."""
+    if not w.is_stacked:
+        return w.t
+    if w.t.dtype == tf.variant and w.t.shape.rank == 0:
+        dense = list_ops.tensor_list_stack(w.t, handle_dtype(original))  # [length, n, ...]
+        return list_ops.tensor_list_from_tensor(tf.gather(dense, j, axis=1),
+                                                tf.constant(-1, tf.int32))
+    return tf.gather(w.t, j)
+
+
+def run_per_iteration(x: ConversionInput, same: dict, why: str) -> list[WrappedTensor]:
+    """Run ``x.op`` once per iteration in a ``tf.while_loop`` and stack its outputs, except
+    output ``i`` in ``same`` (returned as given).  Counted like the vectorizer's fallback; an
+    error naming the op (and ``why``) when fallbacks are off."""
+    from tfx_vec.pfor import vectorizer as vmod
+    from tfx_vec.pfor.errors import user_source_line
+    v, op = x.vectorizer, x.op
+    if not getattr(v, "fallback_to_while_loop", True):
+        raise x.error(f"{why}; allow fallback_to_while_loop to run it per iteration")
+    source = user_source_line(op)
+    if hasattr(v, "fallbacks"):
+        v.fallbacks.append((op.type, source))
+    if hasattr(vmod, "_FALLBACKS"):
+        vmod._FALLBACKS[(op.type, source)] += 1
+    keep = [i for i in range(len(op.outputs)) if i not in same]
+    tas = [tf.TensorArray(op.outputs[i].dtype, size=x.loop_len, infer_shape=False)
+           for i in keep]
+
+    def body(j, *tas_):
+        args = [_slice_iteration(w, o, j) for w, o in zip(x.inputs, op.inputs)]
+        outs = create_op_like(op, args)
+        return (j + 1,) + tuple(ta.write(j, outs[i]) for ta, i in zip(tas_, keep))
+
+    res = tf.while_loop(lambda j, *_: j < x.loop_len, body, (tf.constant(0),) + tuple(tas),
+                        parallel_iterations=getattr(v, "parallel_iterations", None) or 10)
+    stacked = dict(zip(keep, res[1:]))
+    outs = []
+    for i, o in enumerate(op.outputs):
+        if i in stacked:
+            t = stacked[i].stack()
+            t.set_shape(tf.TensorShape([None]).concatenate(o.shape))
+            outs.append(WrappedTensor(t, True))
+        else:
+            outs.append(same[i])
+    return outs
+
+# }}}
+
+
 # {{{ If / Case
 
 def _branch_index(x: ConversionInput, num_branches: int) -> WrappedTensor:
@@ -161,7 +213,8 @@ def _convert_conditional(x: ConversionInput):
     if not index.is_stacked:
         return _invariant_conditional(x, index.t, graphs, args)
     if _has_stacked_variant(args) or any(o.dtype == tf.variant for o in x.op.outputs):
-        return None  # TensorLists cannot be partitioned row-wise: per-iteration fallback
+        return run_per_iteration(x, {}, "TensorLists cannot be partitioned by a predicate "
+                                        "that depends on the loop index")
     if in_xla_context(x):
         return _masked_conditional(x, index.t, graphs, args)
     return _partitioned_conditional(x, index.t, graphs, args)
@@ -283,43 +336,14 @@ class _While:
 
     def per_iteration(self):
         """Stacked TensorLists in a loop whose trip count varies: the lists would be ragged
-        across iterations, so the While op runs once per iteration in a ``tf.while_loop``
-        (counted like the vectorizer's fallback, or an error when fallbacks are off).
-        Invariant pass-through inputs (weights, variable handles) stay invariant."""
-        from tfx_vec.pfor import vectorizer as vmod
-        from tfx_vec.pfor.errors import user_source_line
-        x, v = self.x, self.x.vectorizer
-        if not getattr(v, "fallback_to_while_loop", True):
-            raise x.error("a while loop whose trip count depends on the loop index carries "
-                          "TensorLists (e.g. gradient accumulators) that would be ragged across "
-                          "iterations; allow fallback_to_while_loop to run it per iteration")
-        source = user_source_line(x.op)
-        if hasattr(v, "fallbacks"):
-            v.fallbacks.append((x.op.type, source))
-        if hasattr(vmod, "_FALLBACKS"):
-            vmod._FALLBACKS[(x.op.type, source)] += 1
-        keep = [i for i in range(self.k)
-                if not (self.pass_through[i] and not x.inputs[i].is_stacked)]
-        tas = [tf.TensorArray(x.op.outputs[i].dtype, size=self.n, infer_shape=False)
-               for i in keep]
-
-        def body(j, *tas_):
-            args = [tf.gather(w.t, j) if w.is_stacked else w.t for w in x.inputs]
-            outs = create_op_like(x.op, args)
-            return (j + 1,) + tuple(ta.write(j, outs[i]) for ta, i in zip(tas_, keep))
-
-        res = tf.while_loop(lambda j, *_: j < self.n, body, (tf.constant(0),) + tuple(tas),
-                            parallel_iterations=getattr(v, "parallel_iterations", None) or 10)
-        stacked = dict(zip(keep, res[1:]))
-        outs = []
-        for i in range(self.k):
-            if i in stacked:
-                t = stacked[i].stack()
-                t.set_shape(tf.TensorShape([None]).concatenate(x.op.outputs[i].shape))
-                outs.append(WrappedTensor(t, True))
-            else:
-                outs.append(x.inputs[i])
-        return outs
+        across iterations, so the While op runs once per iteration; invariant pass-through
+        inputs (weights, variable handles) stay invariant."""
+        x = self.x
+        same = {i: x.inputs[i] for i in range(self.k)
+                if self.pass_through[i] and not x.inputs[i].is_stacked}
+        return run_per_iteration(x, same, "a while loop whose trip count depends on the loop "
+                                          "index carries TensorLists (e.g. gradient "
+                                          "accumulators) that would be ragged across iterations")
 
     def _cond_value(self, carried, flags, n) -> WrappedTensor:
         return _convert(self.x, self.cond, self._full(carried, flags), n)[0]

@@ -263,11 +263,12 @@ def stack_like(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None
         return w.t
     if w.t.dtype == tf.variant:
         fresh = original is not None and original.op.type in _FRESH
-        return tile_list(w.t, n, _handle_dtype(w.t), fresh=fresh)
+        return tile_list(w.t, n, handle_dtype(w.t), fresh=fresh)
     return tile_to_stacked(w.t, n)
 
 
-def _handle_dtype(handle: tf.Tensor) -> tf.DType:
+def handle_dtype(handle: tf.Tensor) -> tf.DType:
+    """The element dtype of a TensorList, from its handle data."""
     data = handle_data_util.get_resource_handle_data(handle)
     if data.is_set and data.shape_and_type:
         return tf.as_dtype(data.shape_and_type[0].dtype)
