@@ -92,6 +92,17 @@ def test_tensor_array_scan_and_map_fn_in_body():
     check_pfor(f, 5, modes=FAST)
 
 
+def test_tensor_array_through_loop_variant_cond_runs_per_iteration():
+    def f(i):
+        ta = tf.TensorArray(tf.float32, size=2, clear_after_read=False)
+        ta = ta.write(0, _row(i)).write(1, _row(i) * 2.0)
+        ta = tf.cond(i % 2 == 0, lambda: ta.write(1, -_row(i)), lambda: ta)
+        return ta.stack()
+    with pytest.raises(tfx_vec.VectorizationError, match="If"):
+        tfx_vec.pfor(f, 5, fallback_to_while_loop=False)
+    assert_all_close(tfx_vec.pfor(f, 5).numpy(), reference(f, 5), 1e-6, 1e-6, "cond of lists")
+
+
 def test_tensor_array_read_at_loop_variant_index():
     def f(i):
         table = tf.TensorArray(tf.float32, size=5, clear_after_read=False).unstack(X * 3.0)
