@@ -95,3 +95,25 @@ def test_autotune_a_tc_entry_fills_the_cache_and_never_regresses(backend, tmp_pa
     assert best == res.options or entries[0].runtime <= res.runtime
     out = mod.tmm(A, B, options=best).numpy()
     np.testing.assert_allclose(out, A @ B.T, rtol=1e-4, atol=1e-4)
+
+
+def test_define_with_cache_uses_the_tuned_options(tmp_path):
+    from tests.support import random_array
+    from tfx_vec import tc_ops as tc
+    from tfx_vec.tc_ops.autotune import autotune, cache_key_for
+    from tfx_vec.tc_ops.cache import CompilationCache
+
+    rng = np.random.default_rng(7)
+    A, B = random_array(rng, (12, 8)), random_array(rng, (10, 8))
+    path = tmp_path / "tc.json"
+    tuned = autotune(tc.define(TMM).tmm, A, B, generations=1, population=3, cache=path,
+                     progress=False)
+    # a module defined with the cache (renamed TC: the key templates names) picks them up
+    mod = tc.define(TMM.replace("tmm", "mm2"), cache=str(path))
+    out = mod.mm2(A, B).numpy()
+    np.testing.assert_allclose(out, A @ B.T, rtol=1e-4, atol=1e-4)
+    cache = CompilationCache(path)
+    best = cache.best(cache_key_for(mod.mm2, [A, B], cache))
+    assert best is not None and best.options == tuned.options.to_dict() or \
+        best.runtime <= tuned.runtime
+    assert mod.mm2.source().replace("mm2", "tmm") == best.source
