@@ -1,6 +1,7 @@
 """Control flow inside pfor bodies (§3.6, §3.7) against the per-iteration loop."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 import tensorflow as tf
 
 import tfx_vec
@@ -153,3 +154,20 @@ def test_loop_variant_tensor_list_in_variant_loop_falls_back_or_errors():
     vectorizer.reset_fallbacks()
     assert_all_close(tfx_vec.pfor(f, 5).numpy(), reference(f, 5), 1e-5, 1e-5, "fallback")
     assert any("While" in op_type for op_type in vectorizer.fallback_report())
+
+
+@settings(max_examples=4)
+@given(n=st.integers(1, 6), d=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_random_shapes_cond_and_while(n, d, seed):
+    rng = np.random.default_rng(seed)
+    x = tf.constant(random_array(rng, [n, d], np.float32))
+    lens = tf.constant(rng.integers(0, 4, size=[n]).astype(np.int32))
+
+    def f(i):
+        xi = tf.gather(x, i)
+        _, a = tf.while_loop(lambda k, a: k < tf.gather(lens, i),
+                             lambda k, a: (k + 1, tf.cond(tf.reduce_sum(a) > 0.0,
+                                                          lambda: a * 0.5, lambda: a + 1.0)),
+                             (0, xi))
+        return a
+    check_pfor(f, n, modes=("eager",))
