@@ -112,6 +112,14 @@ def test_hessian_of_non_scalar_output():
     np.testing.assert_allclose(hess, np.swapaxes(hess, 1, 2), rtol=1e-10, atol=1e-12)
 
 
+def test_hessian_through_a_while_loop_rnn():
+    """TF cannot differentiate its while-loop jacobian again; pfor's jacobian is plain ops."""
+    hess = G.hessian(rnn, X0).numpy()
+    assert hess.shape == (4, 2, 3, 2, 3)
+    fd = finite_differences(lambda v: G.jacobian(rnn, v, use_pfor=False), X0, eps=1e-5)
+    np.testing.assert_allclose(hess, fd, rtol=1e-5, atol=1e-7)
+
+
 def test_per_example_gradients_match_a_loop_of_tape_gradient():
     k1 = tf.Variable(random_array(RNG, [3, 3, 1, 2], np.float32, -0.5, 0.5))
     w2 = tf.Variable(random_array(RNG, [2, 3], np.float32, -0.5, 0.5))
