@@ -98,3 +98,19 @@ def test_nested_pfor():
     x = arr(3, 4)
     check_pfor(lambda i: tfx_vec.pfor(lambda j: tf.gather(tf.gather(x, i), j) * 2.0, 4), 3,
                modes=("eager", "function"))
+
+
+def test_ops_are_walked_in_dependency_order_not_creation_order():
+    """A while loop's gradient adds accumulator outputs to the forward While op after their
+    consumers exist, so creation order is not topological."""
+    xs, w = arr(4, 3), arr(3)
+
+    def body(i):
+        x = tf.gather(xs, i)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            _, h = tf.while_loop(lambda t, h: t < 3, lambda t, h: (t + 1, tf.tanh(h * w)),
+                                 (0, x))
+            loss = tf.reduce_sum(h * h)
+        return tape.gradient(loss, x)
+    check_pfor(body, 4, modes=("eager", "function"), fallback_to_while_loop=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -141,8 +142,8 @@ class Vectorizer:
             if red.value.graph is graph:
                 extra[graph.get_tensor_by_name(red_name).op] = [red.value.op]
         needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra)
-        for op in graph.get_operations():
-            if op in needed and not (op.outputs and all(o.ref() in env for o in op.outputs)):
+        for op in _topological_order(graph, needed, extra):
+            if not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
         return [env[t.ref()] for t in graph.outputs]
 
@@ -309,6 +310,40 @@ def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Opera
         stack.extend(op.control_inputs)
         stack.extend((extra or {}).get(op, ()))
     return seen
+
+
+def _topological_order(graph: tf.Graph, needed: set, extra: dict) -> list[tf.Operation]:
+    """``needed`` ops in dependency order, creation order breaking ties.
+
+    Creation order alone is not enough: building a while loop's gradient adds accumulator
+    outputs to the forward ``While`` op after ops that consume them were created.
+    """
+    position = {op: k for k, op in enumerate(graph.get_operations())}
+    ops = sorted(needed, key=lambda o: position.get(o, -1))
+    deps = {op: {t.op for t in op.inputs} | set(op.control_inputs) | set(extra.get(op, ()))
+            for op in ops}
+    users: dict = collections.defaultdict(list)
+    pending = {}
+    for op in ops:
+        ds = {d for d in deps[op] if d in needed and d is not op}
+        pending[op] = len(ds)
+        for d in ds:
+            users[d].append(op)
+    ready = [(position.get(op, -1), k, op) for k, op in enumerate(ops) if pending[op] == 0]
+    heapq.heapify(ready)
+    order, tie = [], len(ops)
+    while ready:
+        _, _, op = heapq.heappop(ready)
+        order.append(op)
+        for u in users[op]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                tie += 1
+                heapq.heappush(ready, (position.get(u, -1), tie, u))
+    if len(order) != len(ops):
+        cyclic = [op.name for op in ops if pending[op] > 0][:5]
+        raise VectorizationError(f"the loop body graph has a dependency cycle through {cyclic}")
+    return order
 
 
 def _check_result(op: tf.Operation, result: list[WrappedTensor]) -> None:
