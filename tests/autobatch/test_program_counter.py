@@ -39,7 +39,7 @@ def test_max_steps_is_an_error_naming_members():
 @pytest.mark.parametrize("scheduler", ["earliest", "sweep"])
 def test_utilization_counters(scheduler):
     x = tf.constant([3, 7, 4, 5, 0, 1])
-    fib(x, scheduler=scheduler)
+    fib(x, scheduler=scheduler, utilization=True)
     st = fib.last_status
     runs, members = st.block_runs.numpy(), st.block_members.numpy()
     # Block 1 is the base case: it runs once per leaf of every member's call tree.

@@ -40,7 +40,9 @@ class AutobatchFunction:
     Call it with structures of batched tensors.  Keyword options at call time override the
     decorator's: ``runtime`` (``"program_counter"``, ``"local_static"``, ``"numpy"``),
     ``jit_compile``, ``max_stack_depth``, ``max_steps``, ``gather`` and ``xla_blocks``
-    (local_static), ``scheduler`` (program_counter: ``"earliest"`` or ``"most_active"``).
+    (local_static), ``scheduler`` (program_counter: ``"earliest"``, ``"most_active"``,
+    ``"sweep"``, ``"sweep_guarded"``), ``utilization`` (program_counter: count block runs and
+    active members into ``fn.last_status``).
     """
 
     def __init__(self, fn: Callable, *, max_stack_depth: int = 32, max_steps: int = 100_000,
@@ -50,7 +52,7 @@ class AutobatchFunction:
         self._autobatch_python_fn = fn
         self.options = dict(max_stack_depth=max_stack_depth, max_steps=max_steps,
                             runtime=runtime, jit_compile=jit_compile, scheduler=scheduler,
-                            gather=False, xla_blocks=False)
+                            gather=False, xla_blocks=False, utilization=False)
         self._program: ir.Program | None = None
         self._lowered: ir.Program | None = None
         self._compiled: dict[Any, Any] = {}

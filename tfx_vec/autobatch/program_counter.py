@@ -220,7 +220,8 @@ class _Machine:
         return {"pc_stack": (writes["pc_stack"] or none["pc_stack"]) if pc_key else None,
                 "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in stacks}}
 
-    def run(self, args: Sequence[Any], max_steps: int, scheduler: str) -> tuple[Any, Status]:
+    def run(self, args: Sequence[Any], max_steps: int, scheduler: str,
+            utilization: bool) -> tuple[Any, Status]:
         batch = int(tf.nest.flatten(args)[0].shape[0])
         choose = SCHEDULERS[scheduler]
         small, big = self.initial_state(args, batch)
@@ -239,6 +240,8 @@ class _Machine:
             return new, self.uniform(small, writes, keys)
 
         def count(small, i):
+            if not utilization:
+                return small
             here = tf.reduce_sum(tf.cast(tf.equal(small["pc"], i), tf.int32))
             hot = tf.one_hot(i, self.halt, dtype=tf.int32)
             return dict(small, runs=small["runs"] + hot * tf.minimum(here, 1),
@@ -281,17 +284,20 @@ class _Machine:
 @tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, types: Mapping[str, Any], args: Sequence[Any], *,
         max_stack_depth: int = 32, max_steps: int = 100_000,
-        scheduler: str = "earliest") -> tuple[Any, Status]:
+        scheduler: str = "earliest", utilization: bool = False) -> tuple[Any, Status]:
     """Build (in the current graph or eagerly) the runtime loop; return (result, status).
 
     Args:
       program: an allocated stack-machine program (:func:`tfx_vec.autobatch.passes.pipeline`).
       types: qualified variable -> spec structure (:func:`types.qualified_types`).
       args: one batched structure per parameter of main.
+      utilization: count runs and active members per block (``Status.block_runs`` /
+        ``block_members``; zeros otherwise).
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {sorted(SCHEDULERS)}")
-    return _Machine(program, types, max_stack_depth).run(args, max_steps, scheduler)
+    return _Machine(program, types, max_stack_depth).run(args, max_steps, scheduler,
+                                                         utilization)
 
 
 def _check(status: Status, max_stack_depth: int, max_steps: int, name: str) -> None:
@@ -325,14 +331,16 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     args = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
     program = fn.lowered()
     specs = tuple(spec_of(a) for a in args)
-    key = (repr(specs), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"])
+    key = (repr(specs), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
+           opts["utilization"])
     if key not in fn._compiled:
         fn._compiled[key] = qualified_types(infer_types(fn.program(), specs))
     types = fn._compiled[key]
 
     def go(*a):
         return run(program, types, a, max_stack_depth=opts["max_stack_depth"],
-                   max_steps=opts["max_steps"], scheduler=opts["scheduler"])
+                   max_steps=opts["max_steps"], scheduler=opts["scheduler"],
+                   utilization=opts["utilization"])
 
     if not tf.executing_eagerly():
         result, status = go(*args)
