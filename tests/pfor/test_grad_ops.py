@@ -15,7 +15,7 @@ import tensorflow as tf
 import tfx_vec
 
 from tests.pfor.oracle import check_op, check_pfor
-from tests.pfor.test_nn_ops import RNG, gathered, rand, together
+from tests.pfor.test_nn_ops import RNG, check_channels_first, gathered, rand, together
 
 R = tf.raw_ops
 
@@ -74,6 +74,23 @@ def test_conv2d_backprop_run_time_loop_length():
     for combo in [(True, True, True), (False, True, True), (True, False, True)]:
         check_op(vjp(conv), [rand(1, 4, 4, 2), rand(2, 2, 2, 3), rand(1, 4, 4, 3)],
                  combos=[combo], modes=("dynamic", "one", "chunked"), rtol=1e-4, atol=1e-4)
+
+
+def test_channels_first_conv_backprops():
+    """NCHW backprops with a per-iteration filter / images run as channels-last kernels."""
+    def conv_vjp(fmt):
+        pads = [[0, 0], [1, 0], [0, 2], [0, 0]]
+        pads = pads if fmt == "NHWC" else [pads[0], pads[3], pads[1], pads[2]]
+        strides = [1, 2, 1, 1] if fmt == "NHWC" else [1, 1, 2, 1]
+        return vjp(lambda x, f: tf.nn.conv2d(x, f, strides, pads, data_format=fmt))
+    check_channels_first(conv_vjp, [rand(1, 5, 4, 3), rand(2, 2, 3, 4), rand(1, 3, 5, 4)],
+                         {0, 2}, {0}, [(True, True, True), (False, True, True),
+                                       (True, True, False)])
+
+    def depthwise_vjp(fmt):
+        return vjp(lambda x, f: tf.nn.depthwise_conv2d(x, f, [1] * 4, "SAME", data_format=fmt))
+    check_channels_first(depthwise_vjp, [rand(1, 4, 4, 2), rand(2, 2, 2, 2), rand(1, 4, 4, 4)],
+                         {0, 2}, {0}, [(True, True, True), (False, True, True)])
 
 
 def test_grouped_conv2d_backprop():

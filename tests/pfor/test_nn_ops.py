@@ -179,11 +179,40 @@ def test_folded_formulations_compile_with_xla():
     assert_all_close(compiled(), reference(body, 3), 1e-4, 1e-4, "jit_compile")
 
 
-def test_nchw_stacked_filter_is_reported():
-    x, f = tf.constant(rand(1, 3, 5, 5)), gathered(rand(2, 3, 3, 3, 2))
-    with pytest.raises(tfx_vec.VectorizationError, match="Conv2D"):
-        tfx_vec.pfor(lambda i: tf.nn.conv2d(x, f(i), 1, "SAME", data_format="NCHW"), 2,
-                     fallback_to_while_loop=False)
+def check_channels_first(op: Callable[[str], Callable], arrays, images_in, images_out,
+                         combos, iters: int = 3, rtol: float = 1e-4, atol: float = 1e-4):
+    """An NCHW op against the oracle of its NHWC twin (NCHW kernels do not run on CPU).
+
+    ``op(data_format)`` gives the op; ``arrays`` are NHWC.  The NCHW loop body transposes
+    the ``images_in`` operands to NCHW and the ``images_out`` results back, so only the
+    channels-last rewrite of the per-iteration filter cases can make it run.
+    """
+    to_first, to_last = [0, 3, 1, 2], [0, 2, 3, 1]
+    stacks = [np.stack([a] + [a * RNG.uniform(0.5, 1.5, a.shape).astype(a.dtype)
+                              for _ in range(iters - 1)]) for a in arrays]
+    for combo in combos:
+        def args(i, combo=combo):
+            return [tf.gather(s, i) if st else tf.constant(a)
+                    for st, s, a in zip(combo, stacks, arrays)]
+
+        def nchw_body(i):
+            xs = [tf.transpose(a, to_first) if k in images_in else a
+                  for k, a in enumerate(args(i))]
+            outs = op("NCHW")(*xs)
+            return [tf.transpose(o, to_last) if k in images_out else o
+                    for k, o in enumerate(tf.nest.flatten(outs))]
+        actual = tfx_vec.pfor(nchw_body, iters, fallback_to_while_loop=False)
+        expected = reference(lambda i: tf.nest.flatten(op("NHWC")(*args(i))), iters)
+        assert_all_close(actual, expected, rtol, atol, f"NCHW stacked={combo}")
+
+
+def test_channels_first_per_iteration_filters():
+    check_channels_first(lambda fmt: lambda a, f: tf.nn.conv2d(
+        a, f, [1, 1, 2, 1] if fmt == "NHWC" else [1, 1, 1, 2], "SAME", data_format=fmt),
+        [rand(2, 5, 6, 3), rand(3, 3, 3, 4)], {0}, {0}, [(False, True), (True, True)])
+    check_channels_first(lambda fmt: lambda a, f: tf.nn.depthwise_conv2d(
+        a, f, [1, 1, 1, 1], "VALID", data_format=fmt),
+        [rand(2, 5, 6, 3), rand(2, 3, 3, 2)], {0}, {0}, [(False, True), (True, True)])
 
 # }}}
 

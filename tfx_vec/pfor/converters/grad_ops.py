@@ -14,6 +14,9 @@ of :mod:`.nn_ops`:
   or groups of one grouped kernel.  ``Conv2DBackpropFilter`` sums over the batch, so the
   iterations become output channels (invariant input), input channels (invariant
   ``out_backprop``) or groups.  Depthwise gradients fold into the depthwise channels.
+  Channels-first ops are emitted channels-last (:class:`~.nn_ops.ChannelsLast`); ``EXPLICIT``
+  padding of grouped gradients is applied by hand (a pad, or a crop of a ``VALID`` transposed
+  convolution), since TF's CPU kernels reject groups with explicit padding.
 - ``FusedBatchNormGrad*``: per-(iteration, channel) statistics, as in the forward op.
 - ``BiasAddGrad``: a sum over every axis but the iteration and channel axes.
 - ``StridedSliceGrad``: one more leading dimension, sliced whole.
@@ -37,7 +40,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import create_op_like, same_shape
-from tfx_vec.pfor.converters.nn_ops import (batch_norm_channel_folded, channel_axis, converter,
+from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
                                            fold_emit, fold_into_channels, scale_dim,
                                            static_dim, unfold_from_channels)
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
@@ -86,50 +89,52 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
     sizes, n = x.input(0).t, x.loop_len
     if not x.is_stacked(1):
         return fold_emit(x, [2], replace={0: scale_dim(sizes, 0, n)})
-    c = channel_axis(x, spatial)
-    if c is None:
-        return None
-    filt = x.input(1).t                                 # [n, k..., ci_f, co]
+    lay = ChannelsLast(x, spatial)
+    c, filt = lay.channel, x.input(1).t                 # filter [n, k..., ci_f, co]
+    sizes = lay.sizes(sizes)
     new_sizes = scale_dim(sizes, c, n)
     # The shape vectors are often ShapeN outputs (not constant-foldable); the original op's
     # inferred output shape has the channel counts.
-    if not x.is_stacked(2) and _one_group(static_dim(x.op.outputs[0], c), static_dim(filt, -2)):
+    if not x.is_stacked(2) and _one_group(lay.channels(x.op.outputs[0]), static_dim(filt, -2)):
         # dx[..., (i, ci)] = sum_co dy[..., co] * F_i[..., ci, co]: n*ci input channels.
-        out = create_op_like(x.op, [new_sizes, fold_into_channels(filt, spatial),
-                                    x.input(2).t])[0]
+        out = lay.emit([new_sizes, fold_into_channels(filt, spatial),
+                        lay.images(x.input(2).t, False)])
     elif grouped_ok:
-        out = create_op_like(x.op, [new_sizes, fold_into_channels(filt, spatial + 1),
-                                    fold_into_channels(x.stacked_input(2), c)])[0]
+        pairs = lay.take_explicit_padding()
+        if pairs is not None:  # transposed VALID convolution, then crop the padding
+            new_sizes += tf.constant([a + b for a, b in pairs], new_sizes.dtype)
+        out = lay.emit([new_sizes, fold_into_channels(filt, spatial + 1),
+                        fold_into_channels(lay.images(x.stacked_input(2), True), c)])
+        if pairs is not None:
+            out = tf.slice(out, [a for a, _ in pairs], tf.shape(out) - [a + b for a, b in pairs])
     else:
         return None
-    return [WrappedTensor(unfold_from_channels(out, c, n, sizes[c]), True)]
+    return [WrappedTensor(lay.result(unfold_from_channels(out, c, n, sizes[c])), True)]
 
 
 def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
     """(input, filter_sizes, out_backprop) -> filter gradient (a sum over the batch)."""
     if x.is_stacked(1):
         return None
-    c = channel_axis(x, spatial)
-    if c is None:
-        return None
-    images, sizes, dy = x.input(0), x.input(1).t, x.input(2)
+    lay = ChannelsLast(x, spatial)
+    c, images, sizes, dy = lay.channel, x.input(0), x.input(1).t, x.input(2)
     n = x.loop_len
-    one_group = _one_group(static_dim(x.op.inputs[0], -1), static_dim(x.op.outputs[0], -2))
+    one_group = _one_group(lay.channels(x.op.inputs[0]), static_dim(x.op.outputs[0], -2))
     if one_group and not images.is_stacked:
         # Same images, per-iteration out_backprop: the iterations are n*co output channels.
-        out = create_op_like(x.op, [images.t, scale_dim(sizes, spatial + 1, n),
-                                    fold_into_channels(dy.t, c)])[0]
+        out = lay.emit([lay.images(images.t, False), scale_dim(sizes, spatial + 1, n),
+                        fold_into_channels(lay.images(dy.t, True), c)])
         return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
     if one_group and not dy.is_stacked:
         # Per-iteration images, same out_backprop: n*ci input channels.
-        out = create_op_like(x.op, [fold_into_channels(images.t, c),
-                                    scale_dim(sizes, spatial, n), dy.t])[0]
+        out = lay.emit([fold_into_channels(lay.images(images.t, True), c),
+                        scale_dim(sizes, spatial, n), lay.images(dy.t, False)])
         return [WrappedTensor(unfold_from_channels(out, spatial, n, sizes[-2]), True)]
     if not grouped_ok:
         return None
-    out = create_op_like(x.op, [fold_into_channels(x.stacked_input(0), c),
-                                scale_dim(sizes, spatial + 1, n),
-                                fold_into_channels(x.stacked_input(2), c)])[0]
+    images = lay.padded_images(lay.images(x.stacked_input(0), True))
+    out = lay.emit([fold_into_channels(images, c), scale_dim(sizes, spatial + 1, n),
+                    fold_into_channels(lay.images(x.stacked_input(2), True), c)])
     return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
 
 
@@ -160,25 +165,22 @@ def _depthwise_backprop_input(x: ConversionInput):
     sizes, n = x.input(0).t, x.loop_len
     if not x.is_stacked(1):
         return fold_emit(x, [2], replace={0: scale_dim(sizes, 0, n)})
-    c = channel_axis(x, 2)
-    if c is None:
-        return None
-    out = create_op_like(x.op, [scale_dim(sizes, c, n), fold_into_channels(x.input(1).t, 2),
-                                fold_into_channels(x.stacked_input(2), c)])[0]
-    return [WrappedTensor(unfold_from_channels(out, c, n, sizes[c]), True)]
+    lay = ChannelsLast(x, 2)
+    c, sizes = lay.channel, lay.sizes(sizes)
+    out = lay.emit([scale_dim(sizes, c, n), fold_into_channels(x.input(1).t, 2),
+                    fold_into_channels(lay.images(x.stacked_input(2), True), c)])
+    return [WrappedTensor(lay.result(unfold_from_channels(out, c, n, sizes[c])), True)]
 
 
 @converter("DepthwiseConv2dNativeBackpropFilter")
 def _depthwise_backprop_filter(x: ConversionInput):
     if x.is_stacked(1):
         return None
-    c = channel_axis(x, 2)
-    if c is None:
-        return None
-    sizes, n = x.input(1).t, x.loop_len
-    out = create_op_like(x.op, [fold_into_channels(x.stacked_input(0), c),
-                                scale_dim(sizes, 2, n),
-                                fold_into_channels(x.stacked_input(2), c)])[0]
+    lay = ChannelsLast(x, 2)
+    sizes, n, c = x.input(1).t, x.loop_len, lay.channel
+    out = lay.emit([fold_into_channels(lay.images(x.stacked_input(0), True), c),
+                    scale_dim(sizes, 2, n),
+                    fold_into_channels(lay.images(x.stacked_input(2), True), c)])
     return [WrappedTensor(unfold_from_channels(out, 2, n, sizes[2]), True)]
 
 # }}}

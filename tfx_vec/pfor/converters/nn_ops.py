@@ -24,10 +24,14 @@ fold into the batch and the block-major row order is regrouped by iteration.  Wi
 without emitting a kernel (zero groups or channels are invalid).  All of these formulations also
 compile under ``tf.function(jit_compile=True)`` (XLA has grouped convolutions).
 
+Channel folding needs channels last: a channels-first (``NCHW``) op with a per-iteration filter
+is emitted as its ``NHWC`` form between transposes (:class:`ChannelsLast`), which also runs
+on CPU, where TF has no ``NCHW`` convolution kernels.
+
 Cases with no single-op formulation return ``None`` (the vectorizer's counted per-iteration
-fallback, or an error when fallbacks are disabled): ``NCHW`` with a stacked filter (``NCHW``
-convolutions do not run on CPU, so that path could not be tested), a stacked filter in ``Conv3D``
-together with a stacked input (TF has no grouped 3-D convolution), a stacked ``k`` in top-k.
+fallback, or an error when fallbacks are disabled): a stacked filter in ``Conv3D`` together with
+a stacked input (TF has no grouped 3-D convolution), a stacked ``k`` in top-k, a stacked
+``ksize`` of ``MaxPoolV2``.
 
 Example:
     >>> import numpy as np, tensorflow as tf, tfx_vec
@@ -174,11 +178,77 @@ def split_leading(t: tf.Tensor, n: tf.Tensor, like: tf.Tensor | None = None) -> 
     return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
 
 
-def channel_axis(x: ConversionInput, spatial_rank: int) -> int | None:
-    """The per-iteration channel axis of a channels-last op, ``None`` for channels-first."""
-    fmt = x.attr("data_format")
-    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-    return spatial_rank + 1 if fmt.endswith("C") else None
+class ChannelsLast:
+    """A convolution-family op seen in channels-last layout.
+
+    Channel folding needs the channel axis last; a channels-first (``NCHW``/``NCDHW``) op is
+    re-emitted as its channels-last form between transposes (``strides``, ``dilations`` and
+    ``explicit_paddings`` permuted alike), which is also the layout TF runs on CPU.
+    """
+
+    def __init__(self, x: ConversionInput, spatial: int):
+        fmt = x.attr("data_format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        self.op = x.op
+        self.spatial = spatial
+        self.channel = spatial + 1                     # per-iteration channel axis
+        self.first = not fmt.endswith("C")
+        self.attrs: dict = {}
+        if self.first:
+            perm = [0] + list(range(2, spatial + 2)) + [1]
+            self.attrs["data_format"] = "NHWC" if spatial == 2 else "NDHWC"
+            names = {a.name for a in x.op.op_def.attr}
+            for name in ("strides", "dilations"):
+                if name in names:
+                    value = x.attr(name)
+                    self.attrs[name] = [value[p] for p in perm]
+            pads = list(x.attr("explicit_paddings")) if "explicit_paddings" in names else []
+            if pads:
+                self.attrs["explicit_paddings"] = [v for p in perm for v in pads[2 * p:2 * p + 2]]
+            self._perm = perm
+
+    def take_explicit_padding(self) -> list[list[int]] | None:
+        """Switch an ``EXPLICIT``-padding op to ``VALID`` and return its per-axis pads.
+
+        TF's CPU kernels for grouped convolution gradients reject explicit padding (only the
+        oneDNN SAME/VALID kernels take groups), so the converters apply the pads themselves.
+        """
+        if self.op.get_attr("padding") != b"EXPLICIT":
+            return None
+        pads = self.attrs.get("explicit_paddings", list(self.op.get_attr("explicit_paddings")))
+        self.attrs.update(padding="VALID", explicit_paddings=[])
+        return [pads[2 * k:2 * k + 2] for k in range(self.spatial + 2)]
+
+    def padded_images(self, t: tf.Tensor) -> tf.Tensor:
+        """Stacked channels-last images with explicit padding applied (see above)."""
+        pairs = self.take_explicit_padding()
+        return t if pairs is None else tf.pad(t, [[0, 0]] + pairs)
+
+    def images(self, t: tf.Tensor, is_stacked: bool) -> tf.Tensor:
+        """An image operand (``[n?, b, ...]``) in channels-last layout."""
+        if not self.first:
+            return t
+        lead = 1 if is_stacked else 0
+        return tf.transpose(t, list(range(lead)) + [lead + p for p in self._perm])
+
+    def sizes(self, v: tf.Tensor) -> tf.Tensor:
+        """An ``input_sizes`` shape vector in channels-last order."""
+        return tf.gather(v, self._perm) if self.first else v
+
+    def channels(self, t: tf.Tensor) -> int | None:
+        """The static channel count of an image tensor of the original op."""
+        return static_dim(t, 1 if self.first else -1)
+
+    def result(self, t: tf.Tensor) -> tf.Tensor:
+        """A stacked channels-last image result back in the op's layout."""
+        if not self.first:
+            return t
+        inverse = [self._perm.index(i) for i in range(self.spatial + 2)]
+        return tf.transpose(t, [0] + [1 + p for p in inverse])
+
+    def emit(self, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The op, channels-last, on ``inputs``; its first output."""
+        return create_op_like(self.op, inputs, attrs=self.attrs)[0]
 
 
 def static_dim(t: tf.Tensor, axis: int) -> int | None:
@@ -201,24 +271,19 @@ def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[Wr
     """Conv2D/Conv3D: batch fold, output-channel fold, or one grouped convolution."""
     if not x.is_stacked(1):
         return fold_emit(x, [0])
-    c = channel_axis(x, spatial)
-    if c is None:
-        return None
-    n = x.loop_len
-    inp, filt = x.input(0), x.input(1).t
+    lay = ChannelsLast(x, spatial)
+    n, inp, filt = x.loop_len, x.input(0), x.input(1).t
     c_out = tf.shape(filt)[-1]
-    ci_x = static_dim(inp.t, -1)
-    ci_f = static_dim(filt, -2)
-    if not inp.is_stacked and _is_ungrouped(ci_x, ci_f):
+    if not inp.is_stacked and _is_ungrouped(lay.channels(inp.t), static_dim(filt, -2)):
         # Every iteration convolves the same images: one filter bank with n*c_out outputs.
-        out = create_op_like(x.op, [inp.t, fold_into_channels(filt, spatial + 1)])[0]
-        return [WrappedTensor(unfold_from_channels(out, c, n, c_out), True)]
-    if not grouped_ok:
+        out = lay.emit([lay.images(inp.t, False), fold_into_channels(filt, spatial + 1)])
+    elif grouped_ok:
+        # Iteration i's channels form group(s) of their own: one grouped convolution.
+        images = fold_into_channels(lay.images(x.stacked_input(0), True), lay.channel)
+        out = lay.emit([images, fold_into_channels(filt, spatial + 1)])
+    else:
         return None
-    # Iteration i's channels form group(s) of their own: one grouped convolution.
-    images = fold_into_channels(x.stacked_input(0), c)
-    out = create_op_like(x.op, [images, fold_into_channels(filt, spatial + 1)])[0]
-    return [WrappedTensor(unfold_from_channels(out, c, n, c_out), True)]
+    return [WrappedTensor(lay.result(unfold_from_channels(out, lay.channel, n, c_out)), True)]
 
 
 @converter("Conv2D")
@@ -235,15 +300,14 @@ def _conv3d(x: ConversionInput):
 def _depthwise_conv2d(x: ConversionInput):
     if not x.is_stacked(1):
         return fold_emit(x, [0])
-    c = channel_axis(x, 2)
-    if c is None:
-        return None
+    lay = ChannelsLast(x, 2)
     # Depthwise channels are independent: iteration i's channels become n*c channels.
-    images = fold_into_channels(x.stacked_input(0), c)
+    images = fold_into_channels(lay.images(x.stacked_input(0), True), lay.channel)
     filt = fold_into_channels(x.input(1).t, 2)          # [kh, kw, n*c, m]
-    out = create_op_like(x.op, [images, filt])[0]
+    out = lay.emit([images, filt])
     inner = tf.shape(x.input(1).t)[3] * tf.shape(x.input(1).t)[4]
-    return [WrappedTensor(unfold_from_channels(out, c, x.loop_len, inner), True)]
+    return [WrappedTensor(lay.result(unfold_from_channels(out, lay.channel, x.loop_len, inner)),
+                          True)]
 
 
 def _swap_batch_blocks(t: tf.Tensor, first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
