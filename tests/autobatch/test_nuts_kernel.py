@@ -34,14 +34,11 @@ def _per_chain_steps():
 
 
 def _run_steps(runtime, num_steps=2, **kw):
-    """``num_steps`` kernel steps with fixed seeds; ``runtime="xla"``: program counter, all steps
-    in one ``tf.function(jit_compile=True)``."""
+    """``num_steps`` kernel steps with fixed seeds; ``runtime="xla"``: the program counter under
+    ``tf.function(jit_compile=True)`` (compiled once, called once per step)."""
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5,
                             runtime="program_counter" if runtime == "xla" else runtime, **kw)
-
-    step = kernel.one_step
-    if runtime == "xla":  # compiled once, called once per step
-        step = tf.function(step, jit_compile=True)
+    step = tf.function(kernel.one_step, jit_compile=True) if runtime == "xla" else kernel.one_step
     state = _two_part_state()
     results = kernel.bootstrap_results(state)
     out = []
@@ -69,7 +66,8 @@ def reference():
 
 @pytest.mark.parametrize("runtime", ["xla", "local_static", "hybrid"])
 def test_runtime_matches_per_chain_reference(reference, runtime):
-    """Every batched runtime gives each chain exactly what running it alone gives."""
+    """Every batched runtime gives each chain what running it alone gives: the program
+    counter under XLA, local static, and local static with XLA blocks."""
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
 

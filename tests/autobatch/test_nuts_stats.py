@@ -1,8 +1,14 @@
 """Statistical checks of tfx_vec's NUTS (program-counter runtime under XLA).
 
-Bands come from Monte Carlo standard errors of independent chains: every chain starts from an
-over-dispersed point and is run long enough to forget it, so its last state is one draw from the
-target, independent of the other chains.  Seeds are fixed, so each test is deterministic.
+Marginals: one joint target of independent parts (a diagonal Gaussian, a correlated Gaussian, a
+standard normal and a log-gamma, which is skewed), so one compiled program serves those tests.
+512 chains start over-dispersed and run under ``tfp.mcmc.sample_chain`` with dual averaging (a
+step size per chain and per part) inside one ``tf.function(jit_compile=True)``: 12 adaptation
+steps, then 10 with the step sizes frozen.  Each chain's last state is one draw from the target,
+independent of the other chains, so the bands are Monte Carlo standard errors and DKWM bands.
+
+Mixing: split R-hat and ESS (``tfp.mcmc`` diagnostics) of 16 chains x 400 draws on a 10-d
+correlated Gaussian.  Seeds are fixed, so each test is deterministic.
 """
 import math
 
@@ -16,18 +22,20 @@ from tfx_vec.autobatch.nuts import NoUTurnSampler
 
 Z = 4.5          # two-sided band in standard errors (about 7e-6 per comparison)
 DKWM_ALPHA = 1e-4
+CHAINS, ADAPT, DRAWS = 512, 12, 10
 
-# One joint target of independent parts, so one compiled program serves every marginal test:
-# a diagonal Gaussian, a correlated Gaussian, a standard normal and a log-gamma (skewed).
 DIAG_SD = np.array([0.5, 1.0, 2.0], np.float32)
 CORR_COV = np.array([[1.0, 0.8, 0.3], [0.8, 1.5, -0.4], [0.3, -0.4, 0.7]], np.float32)
 LOGGAMMA_K = 2.0
 
 
+def _gauss(x, cov):
+    prec = tf.constant(np.linalg.inv(cov).astype(np.float32))
+    return -0.5 * tf.einsum("bi,ij,bj->b", x, prec, x)
+
+
 def _joint_log_prob(diag, corr, normal, skew):
-    lp = -0.5 * tf.reduce_sum(tf.square(diag / DIAG_SD), -1)
-    prec = tf.constant(np.linalg.inv(CORR_COV), tf.float32)
-    lp += -0.5 * tf.einsum("bi,ij,bj->b", corr, prec, corr)
+    lp = -0.5 * tf.reduce_sum(tf.square(diag / DIAG_SD), -1) + _gauss(corr, CORR_COV)
     lp += -0.5 * tf.square(normal[:, 0])
     lp += LOGGAMMA_K * skew[:, 0] - tf.exp(skew[:, 0])  # y = log X, X ~ Gamma(k, 1)
     return lp
@@ -35,25 +43,21 @@ def _joint_log_prob(diag, corr, normal, skew):
 
 @pytest.fixture(scope="module")
 def marginal_draws():
-    """1024 independent draws from the joint target: the last states of 1024 chains run by
-    ``tfp.mcmc.sample_chain`` inside one ``tf.function(jit_compile=True)``, with a list state,
-    a step size per chain and per part, tuned per chain by dual averaging (12 adaptation steps,
-    then 10 with the step size frozen)."""
-    chains = 1024
+    """Last states [CHAINS, ...] per part, and per-step kernel diagnostics."""
     rng = np.random.default_rng(0)
     # Over-dispersed starts; the log-gamma part starts near its bulk: far out in its steep tail
     # (y = 5 has gradient -146) every first leapfrog diverges and a chain rightly never moves.
-    init = [tf.constant((rng.normal(size=(chains, n)) * s).astype(np.float32))
+    init = [tf.constant((rng.normal(size=(CHAINS, n)) * s).astype(np.float32))
             for n, s in ((3, 3.0), (3, 3.0), (1, 3.0), (1, 1.0))]
-    steps = [tf.fill([chains, 1], s) for s in (0.3, 0.3, 0.5, 0.4)]
+    steps = [tf.fill([CHAINS, 1], s) for s in (0.3, 0.3, 0.5, 0.4)]
     kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
         NoUTurnSampler(_joint_log_prob, step_size=steps, max_tree_depth=6),
-        num_adaptation_steps=12, target_accept_prob=0.75)
+        num_adaptation_steps=ADAPT, target_accept_prob=0.75)
 
     @tf.function(jit_compile=True)
     def run(state):
         return tfp.mcmc.sample_chain(
-            22, state, kernel=kernel, seed=(11, 7),
+            ADAPT + DRAWS, state, kernel=kernel, seed=(11, 7),
             trace_fn=lambda _, r: (r.inner_results.is_accepted, r.inner_results.step_size,
                                    r.inner_results.leapfrogs_taken))
 
@@ -73,7 +77,7 @@ def _check_mean_cov(x, mean, cov):
 
 def test_chains_move_and_adapt_per_chain(marginal_draws):
     _, accepted, step_sizes, leapfrogs = marginal_draws
-    assert accepted[-10:].mean() > 0.5  # a kernel that never moves would pass the tests below
+    assert accepted[ADAPT:].mean() > 0.5  # a kernel that never moves would pass the tests below
     final = step_sizes[0][-1][:, 0]
     assert np.all(np.isfinite(final)) and len(np.unique(final)) > 0.9 * len(final)
     assert np.all(step_sizes[0][-1] == step_sizes[0][-2])  # frozen after adaptation
@@ -106,26 +110,23 @@ def test_skewed_dkwm_band(marginal_draws):
 
 
 def test_10d_correlated_gaussian_rhat_and_ess():
-    """Split R-hat < 1.01 and ESS > 400 from 8 chains x 500 draws (after 100 burn-in)."""
-    dim = 10
+    """Split R-hat < 1.01 and ESS > 400 from 16 chains x 400 draws (after 100 burn-in)."""
     rng = np.random.default_rng(1)
-    a = rng.normal(size=(dim, dim))
-    cov = (a @ a.T / dim + 0.2 * np.eye(dim)).astype(np.float32)
-    prec = tf.constant(np.linalg.inv(cov))
-    target = lambda x: -0.5 * tf.einsum("bi,ij,bj->b", x, prec, x)
+    a = rng.normal(size=(10, 10))
+    cov = (a @ a.T / 10 + 0.2 * np.eye(10)).astype(np.float32)
     step = 0.5 * float(np.sqrt(np.linalg.eigvalsh(cov).min()))
-    kernel = NoUTurnSampler(target, step_size=step, runtime="program_counter")
-    init = tf.constant(rng.normal(size=(8, dim)).astype(np.float32) * 2.0)
+    kernel = NoUTurnSampler(lambda x: _gauss(x, cov), step_size=step, max_tree_depth=6)
+    init = tf.constant(rng.normal(size=(16, 10)).astype(np.float32) * 2.0)
 
     @tf.function(jit_compile=True)
     def run(x):
-        return tfp.mcmc.sample_chain(500, x, kernel=kernel, num_burnin_steps=100,
+        return tfp.mcmc.sample_chain(400, x, kernel=kernel, num_burnin_steps=100,
                                      trace_fn=None, seed=(5, 5))
 
-    draws = run(init)  # [draws, chains, dim]
+    draws = run(init)  # [draws, chains, 10]
     rhat = tfp.mcmc.potential_scale_reduction(draws, split_chains=True).numpy()
     ess = tfp.mcmc.effective_sample_size(draws, cross_chain_dims=1).numpy()
     assert rhat.max() < 1.01, rhat
     assert ess.min() > 400, ess
-    flat = draws.numpy().reshape(-1, dim)
+    flat = draws.numpy().reshape(-1, 10)
     np.testing.assert_array_less(np.abs(flat.mean(0)), Z * np.sqrt(np.diag(cov) / ess))
