@@ -59,7 +59,8 @@ _OPTIONS = st.builds(
 
 @settings(max_examples=6)
 @given(case=st.sampled_from([BY_NAME[n] for n in ("tmm", "fcrelu", "MLP3", "layernorm",
-                                                   "group_convolution", "softmax")]),
+                                                   "group_convolution", "softmax", "sconv2d",
+                                                   "maxpool2x2", "2LUT")]),
        options=_OPTIONS, seed=st.integers(0, 2**16))
 def test_random_valid_options(case, options, seed):
     check_case(case, seed, options)
@@ -103,6 +104,20 @@ def test_cpu_strategy_in_the_generated_code():
                           [((256, 512), f32), ((64, 512), f32), ((64,), f32)],
                           tc.MappingOptions(tile=(32, 32)))
     assert "reduction(+:tc_acc)" in src
+
+
+def test_short_reductions_run_around_a_vector_loop():
+    """conv: c, kh, kw (short) go outside, the output's w loop becomes the simd loop."""
+    f32 = np.float32
+    src, _ = cpu.generate(BY_NAME["conv2d"].source, "conv2d",
+                          [((2, 3, 20, 40), f32), ((4, 3, 3, 3), f32)])
+    lines = [x.strip() for x in src.splitlines()]
+    k = next(i for i, x in enumerate(lines) if "out[b][op][h][w] = (float)(out[b][op][h][w] +" in x)
+    assert lines[k - 1].startswith("for (int") and "<= 37;" in lines[k - 1]  # w: 40 - 3 + 1
+    assert lines[k - 2] == "#pragma omp simd"
+    # a long reduction keeps the dot-product form
+    src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((64, 512), f32), ((64, 512), f32)])
+    assert "reduction(+:tc_acc" in src
 
 
 def test_several_outputs_return_a_tuple_and_shapes_are_inferred():

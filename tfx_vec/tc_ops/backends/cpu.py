@@ -100,7 +100,7 @@ def kernel_source(spec: KernelSpec, printer: type = CPrinter) -> str:
     if o.fusion_strategy == "min" and not o.tile and o.parallel == 0 and not o.vectorize:
         schedule = k.identity_schedule()
     else:
-        schedule = annotate_cpu(k.isl_schedule(o), o)
+        schedule = annotate_cpu(k.isl_schedule(o), o, k)
     return printer(k, o).kernel_source(schedule)
 
 

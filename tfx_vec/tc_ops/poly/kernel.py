@@ -215,9 +215,60 @@ def _mark_chain(node: isl.ScheduleNode, omp_first: bool) -> tuple[isl.ScheduleNo
     return node, omp
 
 
-def annotate_cpu(schedule: isl.Schedule, options: MappingOptions) -> isl.Schedule:
+# reductions this short are cheaper run around a vector loop than as the vector loop itself
+SHORT_REDUCTION = 64
+_MIN_VECTOR_EXTENT = 8
+
+
+def _extent(upa: isl.UnionPwAff, domain: isl.UnionSet) -> int | None:
+    try:
+        upa = upa.intersect_domain(domain)
+        return int(upa.max_val().to_python()) - int(upa.min_val().to_python()) + 1
+    except Exception:  # noqa: BLE001 - not a bounded constant range: no opinion
+        return None
+
+
+def sink_vector_loop(schedule: isl.Schedule, kernel: PolyKernel) -> isl.Schedule:
+    """Conv-like TCs: when every reduction is short (c, kh, kw), sink the last coincident member
+    of the outermost band (w) below everything else, so the innermost loop is a long parallel
+    (vector) loop instead of a 3-iteration reduction.
+
+    Sinking a parallel loop below other loops is always valid (§5.3: it carries no dependence).
+    """
+    reds = [s for s in kernel.stmts if s.kind == "update"]
+    if not reds:
+        return schedule
+    for s in reds:
+        n_red = 1
+        for v, (lo, hi) in zip(s.vars, s.ranges):
+            if v in s.tc.red_vars:
+                n_red *= hi - lo
+        if n_red > SHORT_REDUCTION:
+            return schedule
+    node = schedule.get_root().child(0)
+    if node.get_type() != isl.schedule_node_type.band:
+        return schedule
+    n = node.band_n_member()
+    coinc = [bool(node.band_member_get_coincident(i)) for i in range(n)]
+    par = [i for i in range(n) if coinc[i]]
+    if len(par) < 2 or par != list(range(len(par))):
+        return schedule
+    last = par[-1]
+    ext = _extent(node.band_get_partial_schedule().get_at(last), node.get_domain())
+    if ext is None or ext < _MIN_VECTOR_EXTENT:
+        return schedule
+    if last < n - 1:
+        node = node.band_split(last + 1)
+    node = node.band_split(last).child(0)
+    return node.band_sink().get_schedule()
+
+
+def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
+                 kernel: PolyKernel | None = None) -> isl.Schedule:
     """Tile outermost permutable bands by ``options.tile`` and mark every loop for the printer.
 
+    With ``kernel`` given and ``options.vectorize``, short-reduction TCs first get their vector
+    loop sunk innermost (:func:`sink_vector_loop`).
     The first coincident loop of an outermost band gets the ``omp`` mark when
     ``options.parallel`` is set (only if no sequential loop is outside it), other coincident
     loops ``simd``, dependence-carrying loops ``seq``.
@@ -240,6 +291,8 @@ def annotate_cpu(schedule: isl.Schedule, options: MappingOptions) -> isl.Schedul
         node, _ = _mark_chain(node, outer and options.parallel > 0)
         return node
 
+    if kernel is not None and options.vectorize:
+        schedule = sink_vector_loop(schedule, kernel)
     return schedule.get_root().map_descendant_bottom_up(visit).get_schedule()
 
 
