@@ -46,3 +46,10 @@ def test_utilization_counters(scheduler):
     leaves = reference(fib, x).sum()
     assert members[1] == leaves
     assert (runs <= st.steps.numpy()).all() and (members >= runs).all() and runs[0] > 0
+
+
+def test_eager_calls_reuse_one_trace_per_signature():
+    for values in ([3, 4, 1], [5, 6, 2], [1, 1, 9]):
+        fib(tf.constant(values), jit_compile=True)
+    traced = [f for f in fib._compiled.values() if hasattr(f, "experimental_get_tracing_count")]
+    assert traced and all(f.experimental_get_tracing_count() == 1 for f in traced)
