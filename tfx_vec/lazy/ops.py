@@ -97,7 +97,6 @@ math.in_top_k: targets predictions
 math.unsorted_segment_sum: data segment_ids
 math.unsorted_segment_max: data segment_ids
 math.unsorted_segment_mean: data segment_ids
-math.bincount: arr weights
 nn.moments: x
 sort: values
 argsort: values
@@ -185,10 +184,8 @@ random.stateless_uniform: shape seed
 image.resize: images
 image.flip_left_right: image
 image.flip_up_down: image
-image.rot90: image
 image.per_image_standardization: image
 signal.frame: signal
-math.segment_sum: data segment_ids
 einsum: *inputs
 """
 # }}}
