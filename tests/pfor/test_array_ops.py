@@ -119,10 +119,31 @@ def test_matrix_set_diag_band_of_diagonals():
              modes=("eager", "function", "one"))
 
 
-def test_index_dependent_shapes_and_slices():
-    """Slices and shapes computed from the loop index (stacked begin) fall back correctly."""
-    x = tf.constant(a(6, 3))
-    check_pfor(lambda i: x[i:i + 2], 4, modes=("eager",), fallback_to_while_loop=True)
+INDEX_SLICES = [
+    ("x[i]", lambda x, i: x[i]),
+    ("x[i, 1:]", lambda x, i: x[i, 1:]),
+    ("x[i:i+2]", lambda x, i: x[i:i + 2]),
+    ("x[-i-1]", lambda x, i: x[-i - 1]),
+    ("x[:, i]", lambda x, i: x[:, i]),
+    ("x[1:, j:j+3:2]", lambda x, i: x[1:, i % 2:i % 2 + 3:2]),
+    ("x[i:]-equal", lambda x, i: x[i % 1:][:4]),
+    ("Slice", lambda x, i: tf.slice(x, [i, 1], [2, -1])),
+    ("Slice-rest", lambda x, i: tf.slice(x, tf.stack([i % 1, i]), [-1, 2])),
+]
+
+
+@pytest.mark.parametrize("name,fn", INDEX_SLICES, ids=[r[0] for r in INDEX_SLICES])
+def test_slices_with_loop_variant_bounds(name, fn):
+    x = tf.constant(a(6, 5))
+    stacked_x = tf.constant(a(4, 6, 5))
+    check_pfor(lambda i: fn(x, i), 4, modes="rotate")
+    check_pfor(lambda i: fn(tf.gather(stacked_x, i), i), 4, modes=("eager",))
+
+
+def test_slice_with_ragged_bounds_is_a_clear_error():
+    x = tf.constant(a(6, 5))
+    with pytest.raises(tfx_vec.VectorizationError, match="StridedSlice.*slice lengths differ"):
+        tfx_vec.pfor(lambda i: x[i:], 3, fallback_to_while_loop=False)
 
 
 def test_where_ragged_is_a_clear_error():

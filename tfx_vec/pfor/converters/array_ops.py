@@ -198,8 +198,19 @@ def _pad(x: ConversionInput):
 
 @register_converter("Slice")
 def _slice(x: ConversionInput):
-    if not _invariant(x, 1, 2):
+    if x.is_stacked(2):
         return None
+    if x.is_stacked(1):  # loop-variant offsets: gather the windows
+        begin, size = x.input(1).t, static_value(x.input(2).t)
+        if size is None:
+            return None
+        axes = []
+        for k, sz in enumerate(np.asarray(size).reshape(-1).tolist()):
+            def bounds(dim, k=k, sz=sz):
+                b = begin[:, k]
+                return b, (dim - b if sz < 0 else tf.fill(tf.shape(b), tf.cast(sz, b.dtype)))
+            axes.append((k, 1, False, bounds))
+        return _gather_ranges(x, axes, begin.dtype)
     begin, size = x.input(1).t, x.input(2).t
     begin = tf.concat([tf.zeros([1], begin.dtype), begin], 0)
     size = tf.concat([-tf.ones([1], size.dtype), size], 0)
@@ -208,9 +219,14 @@ def _slice(x: ConversionInput):
 
 @register_converter("StridedSlice")
 def _strided_slice(x: ConversionInput):
-    """Prepend a full slice ``[:]`` for the batch axis; every mask moves one bit left."""
-    if not _invariant(x, 1, 2, 3):
+    """Prepend a full slice ``[:]`` for the batch axis; every mask moves one bit left.
+
+    Loop-variant ``begin``/``end`` (``x[i]``, ``x[i:i+k]``) become per-iteration gathers.
+    """
+    if x.is_stacked(3):
         return None
+    if not _invariant(x, 1, 2):
+        return _strided_slice_by_gather(x)
     begin, end, strides = (x.input(i).t for i in (1, 2, 3))
 
     def one(t, v):
@@ -224,6 +240,64 @@ def _strided_slice(x: ConversionInput):
     attrs["end_mask"] |= 1
     return reemit_stacked(x, [x.input(0).t, one(begin, 0), one(end, 0), one(strides, 1)],
                           attrs=attrs)
+
+
+def _strided_slice_by_gather(x: ConversionInput):
+    """``x[b_i:e_i:s]`` with loop-variant bounds: gather ``b_i + s*range(size)`` per axis.
+
+    Every iteration must select the same number of elements (checked at run time).  Only
+    positive constant strides and no ellipsis / new axes (otherwise: per-iteration fallback).
+    """
+    strides = static_value(x.input(3).t)
+    if strides is None or np.any(np.asarray(strides) <= 0) or x.attr("ellipsis_mask") or \
+            x.attr("new_axis_mask"):
+        return None
+    begin, end = x.stacked_input(1), x.stacked_input(2)
+    begin_mask, end_mask, shrink = (x.attr(m) for m in ("begin_mask", "end_mask",
+                                                        "shrink_axis_mask"))
+    axes = []
+    for k, stride in enumerate(np.asarray(strides).reshape(-1).tolist()):
+        bit = 1 << k
+        if begin_mask & bit and end_mask & bit and stride == 1 and not shrink & bit:
+            continue  # a full ``:`` along this axis
+
+        def bounds(dim, k=k, bit=bit, stride=stride):
+            b = tf.zeros_like(begin[:, k]) if begin_mask & bit else begin[:, k]
+            b = tf.clip_by_value(tf.where(b < 0, b + dim, b), 0, dim)
+            if shrink & bit:
+                return b, None
+            e = tf.fill(tf.shape(b), dim) if end_mask & bit else end[:, k]
+            e = tf.clip_by_value(tf.where(e < 0, e + dim, e), 0, dim)
+            return b, tf.maximum((e - b + stride - 1) // stride, 0)
+        axes.append((k, stride, bool(shrink & bit), bounds))
+    return _gather_ranges(x, axes, begin.dtype)
+
+
+def _gather_ranges(x: ConversionInput, axes, dtype):
+    """Gather ``start_i + stride*range(size)`` along each listed per-iteration axis.
+
+    ``axes``: (axis, stride, squeeze, bounds) with ``bounds(dim) -> (starts [n], sizes [n] or
+    None for one element)``; sizes must agree across iterations (run-time check).
+    """
+    value = x.input(0)
+    t, t_stacked = value.t, value.is_stacked
+    squeeze = []
+    for k, stride, drop, bounds in axes:
+        axis = k + 1 if t_stacked else k
+        b, sizes = bounds(tf.cast(tf.shape(t)[axis], dtype))
+        size = tf.ones([], dtype) if sizes is None else _assert_same_across(
+            x, sizes, "slice lengths differ across iterations")
+        idx = b[:, None] + stride * tf.range(size, dtype=dtype)[None, :]   # [n, size]
+        if t_stacked:
+            t = tf.gather(t, idx, axis=axis, batch_dims=1)
+        else:
+            t = move_axis(tf.gather(t, idx, axis=axis), axis, 0)
+            t_stacked = True
+        if drop:
+            squeeze.append(k + 1)
+    if not t_stacked:
+        return None
+    return stacked(tf.squeeze(t, squeeze) if squeeze else t)
 
 
 @register_converter("Gather", "GatherV2")
