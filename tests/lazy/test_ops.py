@@ -353,6 +353,9 @@ def test_forcing_points_and_static_shapes():
     np.testing.assert_allclose(np.stack(rows), a * 2)
     assert "LazyTensor" in repr(x + 1.0) and f"{tf.reduce_max(x):.3f}" == f"{np.max(a * 2):.3f}"
     assert lazy.metrics()["forced"] >= 5
+    with pytest.raises(TypeError, match=r"\.numpy\(\)"):
+        np.asarray(x)   # implicit NumPy conversion would hide a barrier: explicit only
+    np.testing.assert_allclose((np.float32(3.0) * x).numpy(), 3 * a * 2)
 
 
 def test_fallback_runs_eagerly_and_is_counted():

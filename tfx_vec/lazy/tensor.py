@@ -117,6 +117,12 @@ class LazyTensor:
 
     __hash__ = object.__hash__  # identity, so lazy tensors can key dicts and weak sets
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # Not a silent forcing point: TensorFlow's conversion of op arguments tries this
+        # protocol first, and an op without a lazy rule must reach the counted fallback.
+        raise TypeError("a lazy tensor is not converted implicitly: call .numpy() (a forcing "
+                        "point) or lazy.to_tensor()")
+
     # -- operators (recorded) ------------------------------------------------------------
     def __getitem__(self, index: Any) -> "LazyTensor":
         try:
