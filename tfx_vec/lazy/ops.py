@@ -337,6 +337,7 @@ class Spec(NamedTuple):
 
 
 _spec_cache: dict = {}
+_SPEC_CACHE_MAX = 50000
 _graph: list = [None, 0]
 
 
@@ -361,6 +362,8 @@ def infer(op: OpDef, layout: tuple, attrs: tuple, inputs: tuple, sig: tuple) -> 
         shapes.append((tuple(t.shape.as_list()), t.dtype))
     structure = None if isinstance(out, tf.Tensor) else out
     spec = Spec(tuple(shapes), structure)
+    if len(_spec_cache) >= _SPEC_CACHE_MAX:  # shapes that never repeat must not grow it forever
+        _spec_cache.clear()
     _spec_cache[sig] = spec
     return spec
 

@@ -325,6 +325,8 @@ def _const(v: Any) -> Node:
     if node is None:
         arr = np.asarray(v)
         dtype = tf.as_dtype(arr.dtype) if arr.dtype != np.float64 else tf.float32
+        if len(_consts) > 10000:  # baked constants that never repeat must not grow it forever
+            _consts.clear()
         node = _consts[key] = Node("const", (), (v, None), tuple(arr.shape), dtype)
     return node
 
