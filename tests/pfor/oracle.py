@@ -12,9 +12,9 @@ reference, in the modes listed in ``modes`` (default: all of them):
 
 ``check_op(op, arrays)`` enumerates every stacked/invariant combination of an op's inputs
 (never all invariant): a stacked input is ``tf.gather(per_iteration_stack, i)``, an invariant
-one a closed-over constant.  ``modes="rotate"`` picks the eager mode plus one other, chosen
-by a running counter, for the first combination (the others run eagerly), so that a long
-table covers every mode cheaply.
+one a closed-over constant.  ``modes="rotate"`` picks the eager mode plus, every second
+time, one other mode chosen by a running counter, for the first combination (the others run
+eagerly), so that a long table covers every mode cheaply.
 
 Example:
     >>> import tensorflow as tf
