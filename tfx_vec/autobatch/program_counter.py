@@ -263,12 +263,28 @@ class _Machine:
                         small, writes = self.block(i, small, big)
                     big = apply(big, writes)
                 return steps + 1, small, big
-            nxt = choose(small["pc"], self.halt)
-            small = count(small, tf.minimum(nxt, self.halt - 1))
+            nxt = tf.minimum(choose(small["pc"], self.halt), self.halt - 1)
+            small = count(small, nxt)
             small, writes = tf.switch_case(
-                tf.minimum(nxt, self.halt - 1),
-                [lambda i=i: uniform_block(i, small, big) for i in range(self.halt)])
-            return steps + 1, small, apply(big, writes)
+                nxt, [lambda i=i: uniform_block(i, small, big) for i in range(self.halt)])
+            return steps + 1, small, apply_if_written(nxt, big, writes)
+
+        writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
+        writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
+                        for v in self.stacks})
+
+        def maybe(nxt, key, stack, write):
+            """Scatter only on steps whose block writes this stack (in place under tf.cond:
+            most steps then skip the O(batch) scatter entirely)."""
+            if not writers[key]:
+                return stack
+            ran = tf.reduce_any(tf.equal(nxt, writers[key]))
+            return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
+
+        def apply_if_written(nxt, big, writes):
+            return {"pc_stack": maybe(nxt, None, big["pc_stack"], writes["pc_stack"]),
+                    "stack": {v: maybe(nxt, v, big["stack"][v], writes["stack"][v])
+                              for v in self.stacks}}
 
         def cond(steps, small, big):
             return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
