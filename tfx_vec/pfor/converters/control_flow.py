@@ -36,7 +36,7 @@ from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
 from tfx_vec.pfor.converters._helpers import create_op_like
-from tfx_vec.pfor.converters.lists import handle_dtype, stack_like
+from tfx_vec.pfor.converters.lists import handle_dtype, restore_shapes, stack_like
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -207,6 +207,10 @@ def _branch_graphs(x: ConversionInput) -> list:
 
 @register_converter("If", "StatelessIf", "Case", "StatelessCase")
 def _convert_conditional(x: ConversionInput):
+    return restore_shapes(x, _conditional(x))
+
+
+def _conditional(x: ConversionInput):
     graphs = _branch_graphs(x)
     index = _branch_index(x, len(graphs))
     args = x.inputs[1:]
@@ -262,7 +266,7 @@ def _masked_conditional(x, index, graphs, args):
 
 @register_converter("PartitionedCall", "StatefulPartitionedCall")
 def _convert_call(x: ConversionInput):
-    return _convert(x, function_graph(x.op, "f"), x.inputs, x.loop_len)
+    return restore_shapes(x, _convert(x, function_graph(x.op, "f"), x.inputs, x.loop_len))
 
 # }}}
 
@@ -457,6 +461,6 @@ class _While:
 
 @register_converter("While", "StatelessWhile")
 def _convert_while(x: ConversionInput):
-    return _While(x).convert()
+    return restore_shapes(x, _While(x).convert())
 
 # }}}

@@ -120,11 +120,26 @@ def _per_iteration_lists(x: ConversionInput) -> bool:
                for w in x.inputs)
 
 
+def restore_shapes(x: ConversionInput, outs):
+    """Give stacked results the original outputs' static per-iteration shapes."""
+    for w, o in zip(outs or [], x.op.outputs):
+        if w.is_stacked and o.dtype != tf.variant:
+            w.t.set_shape(tf.TensorShape([None]).concatenate(o.shape))
+    return outs
+
+
 def list_converter(*op_types: str):
-    """``register_converter`` for list ops, declining vectors of per-iteration lists."""
+    """``register_converter`` for list ops, declining vectors of per-iteration lists.
+
+    Elements read from a list often have no static shape (the list's element shape is
+    unknown); the original op's output shape is restored on the stacked result, so that the
+    ops consuming it (e.g. broadcasting ones) still know their ranks.
+    """
     def decorate(fn):
         def converter(x: ConversionInput):
-            return None if _per_iteration_lists(x) else fn(x)
+            if _per_iteration_lists(x):
+                return None
+            return restore_shapes(x, fn(x))
         converter.__name__ = fn.__name__
         register_converter(*op_types)(converter)
         return fn
