@@ -78,3 +78,17 @@ def test_kernel_runs_inside_threads_concurrently():
     for o in outs:
         np.testing.assert_allclose(o, a * a)
     assert len(mod.sq._compiled) == 1
+
+
+_DOCTESTED = ["errors", "options", "api", "lang.lexer", "lang.parser", "lang.ast", "lang.sema",
+              "lang.ranges", "lang.printer", "lang.types", "poly.kernel", "codegen.c", "backends",
+              "backends.cpu"]
+
+
+def test_docstring_examples_run():
+    import doctest
+    import importlib
+    for name in _DOCTESTED:
+        mod = importlib.import_module(f"tfx_vec.tc_ops.{name}")
+        result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted > 0, name

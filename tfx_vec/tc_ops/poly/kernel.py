@@ -26,8 +26,8 @@ Example:
     >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3), "B": (5, 3)}))
     >>> [s.name for s in k.stmts]
     ['S0_init', 'S0']
-    >>> print(build_ast(k, k.identity_schedule()).to_C_str().splitlines()[0])
-    for (int c1 = 0; c1 <= 3; c1 += 1)
+    >>> print(build_ast(k, k.identity_schedule()).to_C_str().splitlines()[1])
+      for (int _c1 = 0; _c1 <= 3; _c1 += 1)
 """
 from __future__ import annotations
 
