@@ -105,3 +105,15 @@ def test_transpose_with_promotion_for_coalescing_on_pocl():
         (B,) = entry.run_numpy(A, options=MappingOptions(tile=(4, 4), map_to_threads=(4, 4),
                                                          use_shared_memory=shared))
         np.testing.assert_array_equal(B, A.T)
+
+
+def test_bool_tensors_travel_as_bytes():
+    rng = np.random.default_rng(6)
+    x = rng.uniform(0.5, 2, 11).astype(np.float32) * rng.choice([-1, 1], 11).astype(np.float32)
+    b = rng.random(11) < 0.5
+    mod = define("def sel(bool(N) B, float(N) X) -> (Y, P) {\n"
+                 "  Y(i) = B(i) ? X(i) : -X(i)\n  P(i) = X(i) > 0\n}", backend="opencl")
+    y, p = mod.sel.run_numpy(b, x)
+    np.testing.assert_array_equal(y, np.where(b, x, -x))
+    np.testing.assert_array_equal(p, x > 0)
+    assert "uchar" in mod.sel.source() and "bool *" not in mod.sel.source()

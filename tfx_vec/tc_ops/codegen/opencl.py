@@ -59,8 +59,10 @@ class GpuPrinter(CPrinter):
 
     @property
     def prelude(self) -> str:  # type: ignore[override]
+        # OpenCL and CUDA have min/max builtins for ints and floats (PoCL even as macros)
         shared = [ln for ln in CPrinter.prelude.splitlines()
-                  if ln.strip() and not ln.startswith("#include")]
+                  if ln.strip() and not ln.startswith(("#include", "#define min(",
+                                                        "#define max("))]
         return self.dialect_prelude + "\n".join(shared) + "\n"
 
     def __init__(self, mapping: GpuMapping):
@@ -301,6 +303,11 @@ class OpenCLPrinter(GpuPrinter):
     thread_id = "get_local_id({d})"
     pragma_unroll = "__attribute__((opencl_unroll_hint({n})))"
     half_type = "half"
+
+    def ctype(self, t: str) -> str:
+        # OpenCL C forbids bool in kernel arguments (its size is implementation-defined);
+        # NumPy bools are one byte.
+        return "uchar" if t == "bool" else super().ctype(t)
     # OpenCL's math builtins are overloaded on float/double: the C99 float names map onto them.
     dialect_prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define expf exp
