@@ -1,5 +1,4 @@
 """The genetic search on a model target (exact, instant "runtimes"), then on real backends."""
-import math
 
 import numpy as np
 import pytest

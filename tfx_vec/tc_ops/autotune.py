@@ -133,7 +133,8 @@ def _close(outs: list[np.ndarray], ref: list[np.ndarray]) -> bool:
             return False
         tol = 1e-3 if r.dtype in (np.float32, np.float16) else 1e-9
         if r.dtype.kind in "fc":
-            if not np.allclose(o, r, rtol=tol, atol=tol * max(1.0, float(np.abs(r).max(initial=0)))):
+            scale = max(1.0, float(np.abs(r).max(initial=0)))
+            if not np.allclose(o, r, rtol=tol, atol=tol * scale):
                 return False
         elif not np.array_equal(o, r):
             return False
@@ -401,12 +402,11 @@ def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8
     reference = list(entry.run_numpy(*arrays, options=MappingOptions.naive()))
     space = search_space(entry.backend, target.extents())
     cache = _as_cache(cache)
-    record = None
+    record: Callable[[MappingOptions, float], None] | None = None
     if cache is not None:
         key = cache_key_for(entry, arrays, cache)
-
-        def record(o: MappingOptions, secs: float) -> None:
-            cache.record(key, o.to_dict(), secs, source=target.sources.get(o.to_json()))
+        record = lambda o, secs: cache.record(  # noqa: E731
+            key, o.to_dict(), secs, source=target.sources.get(o.to_json()))
     return genetic_search(target, space, start or entry.options, reference,
                           generations=generations, population=population,
                           crossover_rate=crossover_rate, mutation_rate=mutation_rate,

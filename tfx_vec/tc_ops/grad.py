@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from .errors import Span, TcError
+from .errors import TcError
 from .lang import ast as A
 from .lang.parser import parse
 from .lang.types import canonical, is_float

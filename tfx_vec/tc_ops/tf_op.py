@@ -33,7 +33,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 

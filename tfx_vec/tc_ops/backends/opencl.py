@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import hashlib
 import threading
-import time
 import warnings
 from typing import Any, Sequence
 

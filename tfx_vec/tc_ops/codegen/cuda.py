@@ -1,7 +1,8 @@
 """CUDA printer: the same mapped isl AST as ``codegen/opencl.py``, in the CUDA dialect.
 
 Only attributes differ (``extern "C" __global__``, ``__shared__``, ``__syncthreads()``,
-``blockIdx``/``threadIdx``, ``#pragma unroll``, ``__restrict__``, ``__half``), as STYLE.md §10 asks.
+``blockIdx``/``threadIdx``, ``#pragma unroll``, ``__restrict__``, ``__half``), as STYLE.md §10
+asks.
 
 Example:
     >>> from tfx_vec.tc_ops.lang import parse

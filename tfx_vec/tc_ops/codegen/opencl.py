@@ -25,7 +25,8 @@ Example:
     >>> from tfx_vec.tc_ops.options import MappingOptions
     >>> d = check(parse("def scale(float(N) A) -> (B) { B(i) = 2 * A(i) }").defs[0])
     >>> k = build_kernel(d, infer_ranges(d, {"A": (64,)}))
-    >>> src = OpenCLPrinter(map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))).source()
+    >>> m = map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))
+    >>> src = OpenCLPrinter(m).source()
     >>> "__kernel void tc_scale_k0(" in src and "get_local_id(0)" in src
     True
 """
@@ -36,7 +37,6 @@ import re
 import islpy as isl
 
 from ..lang import ast as A
-from ..poly.kernel import build_ast  # noqa: F401  (the CPU path; GPU builds its own below)
 from ..poly.mapping import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuMapping
 from ..poly.promote import Promotion
 from .c import CPrinter, c_name
@@ -176,8 +176,8 @@ class GpuPrinter(CPrinter):
         out = []
         for p in gk.promotions:
             sh = f"_sh_{c_name(p.tensor)}"
-            self._shared_decls.append(
-                f"{self.shared_space}{self.ctype(p.dtype)} {sh}{''.join(f'[{s}]' for s in p.sizes)};")
+            dims = "".join(f"[{s}]" for s in p.sizes)
+            self._shared_decls.append(f"{self.shared_space}{self.ctype(p.dtype)} {sh}{dims};")
             offs = []
             for d, off in enumerate(p.offsets):
                 o = f"_o_{c_name(p.tensor)}_{d}"
