@@ -131,3 +131,38 @@ def test_unsupported_xla_op_is_reported_and_still_correct():
         assert lazy.metrics()["fallback::no_xla"] == 1
     finally:
         del ops.OPS["linalg.det"]
+
+
+def test_mark_step_runs_cached_programs_asynchronously():
+    """Like PyTorch/XLA: a cached program runs in the background; uses of results wait."""
+    from tfx_vec.lazy import runtime
+    a0 = random_array(np.random.default_rng(6), (3,))
+    x, e = lazy.tensor(a0), tf.constant(a0)
+    v, ev = lazy.Variable(a0), tf.Variable(a0)
+    launched = 0
+    for _ in range(5):
+        x = x * 0.5 + 1.0
+        v.assign_add(x)
+        e = e * 0.5 + 1.0
+        ev.assign_add(e)
+        lazy.mark_step()
+        launched += isinstance(x._node.value, runtime.Pending)
+    assert launched == 4          # the first step compiles synchronously, then cache hits
+    np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(v.numpy(), ev.numpy(), rtol=1e-6)
+    lazy.mark_step(wait=True)
+    assert lazy.metrics()["executions"] == 5
+
+
+def test_an_error_in_a_background_run_surfaces_at_the_first_use(monkeypatch):
+    x = lazy.tensor(np.ones([2], np.float32))
+    y = x * 3.0
+    lazy.mark_step()                                   # compiles and runs synchronously
+
+    def broken(self, *args):
+        raise tf.errors.InvalidArgumentError(None, None, "simulated device failure")
+    monkeypatch.setattr(lowering.Compiled, "__call__", broken)
+    z = y * 3.0
+    lazy.mark_step()                                   # a cache hit: launched in background
+    with pytest.raises(lazy.LazyCompileError, match="simulated device failure"):
+        z.numpy()

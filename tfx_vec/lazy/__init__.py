@@ -30,13 +30,15 @@ from . import dispatch as _dispatch
 from . import ir as _ir
 from .errors import (LazyCompileError, LazyError, LazyFallbackError, LazyGradientError,
                      LazyRecompilationError, LazyShapeError)
-from .metrics import metrics, metrics_report, reset_metrics
+from . import metrics as _metrics
+from . import runtime as _runtime
+from .metrics import reset_metrics
 from .runtime import barrier as _barrier
 from .runtime import clear_cache, configure
 from .tape import GradientTape
 from .tensor import LazyTensor, Variable, tensor, value
 
-__all__ = ["LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "GradientTape",
+__all__ = ["LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "wait", "GradientTape",
            "metrics", "metrics_report", "reset_metrics", "ir_text", "configure",
            "set_fallback_error", "clear_cache", "covered_ops", "LazyError",
            "LazyFallbackError", "LazyRecompilationError", "LazyShapeError", "LazyCompileError",
@@ -45,9 +47,33 @@ __all__ = ["LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "Gradie
 _dispatch.install()
 
 
-def mark_step() -> None:
-    """The barrier: compile (or hit the cache) and run everything pending, in one program."""
-    _barrier("mark_step")
+def mark_step(wait: bool = False) -> None:
+    """The barrier: compile (or hit the cache) and run everything pending, in one program.
+
+    As PyTorch/XLA's ``mark_step``, a cached program runs asynchronously (``wait=False``): the
+    call returns once it is launched and Python records the next step while XLA runs; using a
+    result waits for it.  ``wait=True`` blocks until the results are ready.
+    """
+    _barrier("mark_step", wait_for_results=wait)
+    if wait:
+        _runtime.wait()
+
+
+def wait() -> None:
+    """Block until the asynchronously launched program has finished (``xm.wait_device_ops``)."""
+    _runtime.wait()
+
+
+def metrics() -> dict:
+    """Counters and timers as a dict (after waiting for a running program)."""
+    _runtime.wait()
+    return _metrics.metrics()
+
+
+def metrics_report() -> str:
+    """The human-readable report of counters, fallbacks per op and timers."""
+    _runtime.wait()
+    return _metrics.metrics_report()
 
 
 def to_tensor(t: Any) -> Any:

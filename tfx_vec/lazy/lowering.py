@@ -127,6 +127,11 @@ class Compiled:
         self._concrete: Any = None
         self._flat: Callable | None = None
 
+    @property
+    def traced(self) -> bool:
+        """True once the first call has traced and compiled (later calls are cheap)."""
+        return self._concrete is not None
+
     def __call__(self, data: list, scalars: Any, variables: list) -> list:
         if self._flat is not None:
             flat = data + [scalars] + [v.handle for v in variables]

@@ -35,8 +35,8 @@ import tensorflow as tf
 from . import ir, lowering, metrics
 from .errors import LazyCompileError, LazyFallbackError, LazyRecompilationError
 
-__all__ = ["barrier", "configure", "clear_cache", "fallback", "user_frame", "register",
-           "mark_variable"]
+__all__ = ["barrier", "wait", "resolve", "configure", "clear_cache", "fallback", "user_frame",
+           "register", "mark_variable"]
 
 
 class _Config:
@@ -119,8 +119,47 @@ def user_frame() -> str:
     return "<unknown>"
 
 
-def barrier(cause: str = "mark_step") -> None:
-    """Compute all live pending tensors and pending variable updates in one compiled program."""
+class Pending:
+    """Output ``index`` of a program still running on the executor thread (``data`` node value)."""
+
+    __slots__ = ("future", "index")
+
+    def __init__(self, future: Any, index: int):
+        self.future, self.index = future, index
+
+    def get(self) -> tf.Tensor:
+        return self.future.result()[self.index]
+
+
+_inflight: list = [None]     # the future of the program running in the background, if any
+_executor: list = [None]
+
+
+def wait() -> None:
+    """Block until the program launched by an asynchronous barrier has finished (re-raising its
+    error, if any).  Forcing points and the next barrier call this themselves."""
+    future = _inflight[0]
+    if future is not None:
+        _inflight[0] = None
+        future.result()
+
+
+def resolve(value: Any) -> Any:
+    """A ``data`` node's tensor, waiting for its program when it is still running."""
+    if type(value) is Pending:
+        wait()
+        return value.get()
+    return value
+
+
+def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
+    """Compute all live pending tensors and pending variable updates in one compiled program.
+
+    With ``wait_for_results=False`` a cached program runs on a background thread (the XLA run
+    releases the GIL), so Python records the next step meanwhile; its results are waited for
+    by the first use of one of them, a forcing point or the next barrier.
+    """
+    wait()  # the running program's outputs and variable updates are this one's inputs
     live = []
     for ref in _live:
         t = ref()
@@ -138,11 +177,24 @@ def barrier(cause: str = "mark_step") -> None:
     assigns = [(v._read, v._node) for v in variables]
     t0 = time.perf_counter()
     prog = ir.canonicalize(outputs, assigns)
-    metrics._timers.setdefault("canonicalize", [0.0, 0])
-    slot = metrics._timers["canonicalize"]
+    prog.data[:] = [d.get() if type(d) is Pending else d for d in prog.data]
+    slot = metrics._timers.setdefault("canonicalize", [0.0, 0])
     slot[0] += time.perf_counter() - t0
     slot[1] += 1
-    results = _execute(prog, cause)
+    fn = _cache.get(prog.key)
+    if not wait_for_results and fn is not None and fn.traced:
+        _cache.move_to_end(prog.key)
+        metrics.bump("cache_hits")
+        metrics.bump("executions")
+        if _executor[0] is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _executor[0] = ThreadPoolExecutor(1, thread_name_prefix="tfx_vec.lazy")
+        future = _executor[0].submit(_run_async, fn, prog, _scalar_vector(prog.scalars),
+                                     user_frame())
+        _inflight[0] = future
+        results: list = [Pending(future, k) for k in range(len(outputs))]
+    else:
+        results = _execute(prog, cause)
     fresh = {id(n): ir.Node("data", (), (), n.shape, n.dtype, r) for n, r in zip(outputs, results)}
     for tape in _tapes:
         tape._remember(outputs, fresh)
@@ -150,6 +202,16 @@ def barrier(cause: str = "mark_step") -> None:
         t._node = fresh[id(t._node)]
     for v in variables:
         v._node = v._read
+
+
+def _run_async(fn: Any, prog: ir.Program, scalars: tf.Tensor, where: str) -> list:
+    try:
+        with metrics.timer("execute"):
+            return fn(prog.data, scalars, prog.variables)
+    except Exception as e:  # surfaces at the first use of a result
+        ops = sorted({e_[0] for e_ in prog.key[0]} - ir.PARAM_OPS)
+        raise LazyCompileError(f"the lazy program {ir.key_hash(prog.key)} (ops {ops}) launched "
+                               f"at {where} failed: {str(e).splitlines()[0]}") from e
 
 
 def _execute(prog: ir.Program, cause: str) -> list:
@@ -240,8 +302,9 @@ def _eager(t: Any) -> tf.Tensor:
     """The materialized value of a lazy tensor that is not pending."""
     node = t._node
     if node.op == "data":
-        return node.value
+        return resolve(node.value)
     if node.op == "var":
+        wait()  # an update may be in flight
         return node.value.read_value()
     value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
     return tf.constant(value, dtype)

@@ -231,6 +231,7 @@ class Variable(LazyTensor):
     @property
     def variable(self) -> tf.Variable:
         """The underlying ``tf.Variable`` (its value is current after a barrier)."""
+        runtime.wait()
         return self._var
 
     @property
@@ -285,6 +286,7 @@ class Variable(LazyTensor):
     def numpy(self) -> np.ndarray:
         if self._pending():
             runtime.barrier(".numpy()")
+        runtime.wait()
         return self._var.numpy()
 
 
