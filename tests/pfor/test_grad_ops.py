@@ -130,6 +130,12 @@ def test_pool_grads():
              [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
 
 
+def test_resize_grads():
+    resize = {m: vjp(lambda a, m=m: tf.image.resize(a, [5, 3], method=m))
+              for m in ("bilinear", "nearest", "bicubic")}
+    check_op(together(**resize), [rand(2, 4, 6, 3), rand(2, 5, 3, 3)], rtol=1e-4, atol=1e-4)
+
+
 def test_max_pool_second_order_and_v2_kernels():
     def kernels(a, dy):
         y = tf.nn.max_pool2d(a, 2, 2, "VALID")

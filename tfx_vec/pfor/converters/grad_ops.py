@@ -7,7 +7,7 @@ of :mod:`.nn_ops`:
 - **Element-wise** ``(gradients, features)`` kernels (``ReluGrad``, ``TanhGrad``,
   ``SigmoidGrad``, ...): inputs must have equal shapes, so a loop-invariant operand is tiled
   and the kernel runs once on ``[n, ...]`` (``same_shape`` family).
-- **Pooling/LRN gradients**: fold the iterations into the batch dimension.
+- **Pooling/LRN/resize gradients**: fold the iterations into the batch dimension.
 - **Convolution gradients** (paper §3.4's "fold into a dimension the op is flexible in"):
   ``Conv2DBackpropInput`` with a loop-invariant filter folds into the batch; with a
   per-iteration filter the iterations become input-channel blocks (invariant ``out_backprop``)
@@ -64,6 +64,17 @@ def _max_pool_grad_with_argmax(x: ConversionInput):
     if x.attr("include_batch_in_index"):
         return None
     return fold_emit(x, [0, 1, 2])
+
+
+@converter("ResizeBilinearGrad", "ResizeBicubicGrad")
+def _resize_grad(x: ConversionInput):
+    # (grads, original_image): the image only gives the output shape.
+    return fold_emit(x, [0, 1])
+
+
+@converter("ResizeNearestNeighborGrad")
+def _resize_nearest_grad(x: ConversionInput):
+    return fold_emit(x, [0])
 
 
 @converter("AvgPoolGrad", "AvgPool3DGrad")
