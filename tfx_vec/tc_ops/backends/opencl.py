@@ -117,6 +117,9 @@ class OpenCLRuntime:
         if not devices:
             raise TcBackendError("backend 'opencl': no OpenCL device found")
         self.cl = cl
+        # PoCL's notes on successful builds (a failed build raises with its log); a filter, not
+        # catch_warnings, because the autotuner builds from several threads
+        warnings.filterwarnings("ignore", category=cl.CompilerWarning)
         self.device = devices[0]
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context,
@@ -149,9 +152,7 @@ class OpenCLRuntime:
             return prog
         prog = self.cl.Program(self.context, source)
         try:
-            with warnings.catch_warnings():  # PoCL's notes on unused variables etc.
-                warnings.simplefilter("ignore", self.cl.CompilerWarning)
-                prog.build(options=["-cl-std=CL1.2"])
+            prog.build(options=["-cl-std=CL1.2"])
         except self.cl.Error as e:
             try:
                 log = prog.get_build_info(self.device, self.cl.program_build_info.LOG)
