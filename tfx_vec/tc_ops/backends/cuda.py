@@ -157,10 +157,18 @@ class CudaRuntime:
         import numpy as np
         import tensorflow as tf
 
+        def fresh(shape, dtype) -> tf.Tensor:
+            # A new zeroed buffer (tf.zeros may hand out a cached constant, which the kernel
+            # must never write into).
+            return tf.raw_ops.Empty(shape=tf.constant(list(shape), tf.int32),
+                                    dtype=tf.as_dtype(np.dtype(dtype)), init=True)
+
         with tf.device("/GPU:0"):
             ins = [tf.identity(x) for x in inputs]
-            outs = [tf.zeros(tuple(s), tf.as_dtype(np.dtype(d))) for s, d in outputs]
-            tmps = [tf.zeros(tuple(s), tf.as_dtype(np.dtype(d))) for s, d in temps]
+            outs = [fresh(s, d) for s, d in outputs]
+            tmps = [fresh(s, d) for s, d in temps]
+        # TF computes on its own streams: let the inputs be written before we read them.
+        tf.test.experimental.sync_devices()
         ptrs = []
         for t in ins + outs + tmps:
             address, dev = dlpack_data_pointer(t)
