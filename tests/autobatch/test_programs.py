@@ -10,15 +10,17 @@ RUNTIMES = [
     ("local_static", {"runtime": "local_static"}),
     ("local_static_gather", {"runtime": "local_static", "gather": True}),
     ("numpy", {"runtime": "numpy"}),
-    ("program_counter", {"runtime": "program_counter"}),
     ("program_counter_xla", {"runtime": "program_counter", "jit_compile": True}),
 ]
 SCHEDULERS = [
+    ("earliest_graph", {"scheduler": "earliest"}),
     ("sweep_xla", {"jit_compile": True, "scheduler": "sweep"}),
     ("sweep_guarded", {"scheduler": "sweep_guarded"}),
     ("most_active", {"scheduler": "most_active"}),
 ]
-SCHEDULER_CASES = [c for c in CASES if c[0] in ("ackermann", "nested_loops", "oscillate")]
+# Graph-mode (non-XLA) program counter and the other schedulers on a representative subset.
+SCHEDULER_CASES = [c for c in CASES if c[0] in ("ackermann", "nested_loops", "oscillate",
+                                                 "sum_and_depth")]
 
 
 def _assert_same(got, want):

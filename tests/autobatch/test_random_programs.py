@@ -92,7 +92,7 @@ def _load(source: str):
     return module.f
 
 
-@settings(max_examples=4)
+@settings(max_examples=3)
 @given(programs(), st.integers(0, 2**31 - 1))
 def test_random_program_matches_reference_on_all_runtimes(source, seed):
     f = _load(source)
