@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import functools
 import inspect
 import types
 from typing import Any, Callable, Sequence

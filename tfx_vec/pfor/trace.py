@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -26,7 +25,6 @@ from tfx_vec.pfor.errors import VectorizationError
 from tfx_vec.pfor.registry import WrappedTensor
 from tfx_vec.pfor.vectorizer import Reduction
 
-_TRACES = itertools.count()
 _count = [0]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (align_ranks, batch_folding, create_op_like,
+from tfx_vec.pfor.converters._helpers import (batch_folding, create_op_like,
                                               elementwise, same_shape,
                                               expand_after_batch, move_axis, per_iteration_rank,
                                               reemit_stacked, shift_axis, stacked, static_value)

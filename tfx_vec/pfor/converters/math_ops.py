@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import string
 
-import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (align_ranks, broadcasting, create_op_like,
-                                              elementwise, expand_after_batch, fold_batch,
-                                              per_iteration_rank, reduction, reemit_stacked,
-                                              same_shape, stacked, unfold_batch)
-from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+from tfx_vec.pfor.converters._helpers import (align_ranks, broadcasting, elementwise,
+                                              fold_batch, per_iteration_rank, reduction,
+                                              reemit_stacked, same_shape, stacked, unfold_batch)
+from tfx_vec.pfor.registry import ConversionInput, register_converter
 
 # {{{ element-wise unary ops (one op per element, any shape)
 
