@@ -81,6 +81,7 @@ def test_kernel_runs_inside_threads_concurrently():
 
 
 _DOCTESTED = ["errors", "options", "api", "lang.lexer", "lang.parser", "lang.ast", "lang.sema",
+              "lang.interp",
               "lang.ranges", "lang.printer", "lang.types", "poly.kernel", "codegen.c", "backends",
               "backends.cpu"]
 
