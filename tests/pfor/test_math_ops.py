@@ -94,7 +94,11 @@ BINARY = [
     ("NextAfter", tf.math.nextafter, a(3), a(3)),
     ("Complex", lambda x, y: tf.abs(tf.complex(x, y)), a(2, 3), a(3)),
     ("ApproximateEqual", lambda x, y: tf.raw_ops.ApproximateEqual(x=x, y=y, tolerance=0.3), a(3), a(3)),
-    ("ClipByValue", lambda x, lo: tf.clip_by_value(x, lo, lo + 1.0), a(2, 3), a(3)),
+    ("ClipByValue-python", lambda x, lo: tf.clip_by_value(x, lo, lo + 1.0), a(2, 3), a(3)),
+    ("ClipByValue", lambda x, lo: tf.raw_ops.ClipByValue(t=x, clip_value_min=lo[0],
+                                                         clip_value_max=lo[0] + 1.0), a(2, 3), a(3)),
+    ("ClipByValue-same-shape", lambda x, lo: tf.raw_ops.ClipByValue(
+        t=x, clip_value_min=lo, clip_value_max=lo + 1.0), a(2, 3), a(2, 3)),
 ]
 
 

@@ -44,7 +44,7 @@ BINARY_OPS = (
     "SquaredDifference", "Atan2", "Xdivy", "Xlogy", "Xlog1py", "BitwiseAnd", "BitwiseOr",
     "BitwiseXor", "LeftShift", "RightShift", "Less", "LessEqual", "Greater", "GreaterEqual",
     "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "Igamma", "Igammac", "Zeta", "Polygamma",
-    "NextAfter", "Complex", "SelectV2", "ClipByValue",
+    "NextAfter", "Complex", "SelectV2",
 )
 broadcasting(*BINARY_OPS)
 same_shape("AddN", "ApproximateEqual", "Betainc")
@@ -60,6 +60,16 @@ def _select(x: ConversionInput):
     if cond_rank == 1 and t_rank > 1:
         cond = tf.reshape(cond, tf.concat([tf.shape(cond), tf.ones([t_rank - 1], tf.int32)], 0))
     return stacked(tf.raw_ops.SelectV2(condition=cond, t=t, e=e))
+
+@register_converter("ClipByValue")
+def _clip_by_value(x: ConversionInput):
+    """Bounds are scalars or shaped like ``t`` per iteration: clip by broadcasting max/min
+    (the kernel itself does not broadcast a stacked ``[n]`` bound against ``[n, ...]``)."""
+    aligned = align_ranks(x)
+    if aligned is None:
+        return None
+    t, lo, hi = aligned
+    return stacked(tf.minimum(tf.maximum(t, lo), hi))
 
 # }}}
 
