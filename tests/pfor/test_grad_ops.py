@@ -136,6 +136,16 @@ def test_resize_grads():
     check_op(together(**resize), [rand(2, 4, 6, 3), rand(2, 5, 3, 3)], rtol=1e-4, atol=1e-4)
 
 
+def test_mirror_pad_and_dilation2d_grads():
+    check_op(together(reflect=vjp(lambda a: tf.pad(a, [[1, 1], [2, 0]], "REFLECT")),
+                      symmetric=vjp(lambda a: tf.pad(a, [[0, 2], [1, 1]], "SYMMETRIC"))),
+             [rand(3, 4), rand(5, 6)])
+    dilation = vjp(lambda a, f: tf.nn.dilation2d(a, f, [1, 1, 1, 1], "SAME", "NHWC",
+                                                 [1, 1, 1, 1]))
+    check_op(dilation, [rand(2, 4, 5, 3), rand(2, 3, 3), rand(2, 4, 5, 3)], rtol=1e-4,
+             atol=1e-4)
+
+
 def test_max_pool_second_order_and_v2_kernels():
     def kernels(a, dy):
         y = tf.nn.max_pool2d(a, 2, 2, "VALID")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like, same_shape
+from tfx_vec.pfor.converters._helpers import create_op_like, same_shape, stacked
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
                                            fold_emit, fold_into_channels, scale_dim,
                                            static_dim, unfold_from_channels)
@@ -75,6 +75,29 @@ def _resize_grad(x: ConversionInput):
 @converter("ResizeNearestNeighborGrad")
 def _resize_nearest_grad(x: ConversionInput):
     return fold_emit(x, [0])
+
+
+@converter("MirrorPadGrad")
+def _mirror_pad_grad(x: ConversionInput):
+    # (input, paddings): the leading iteration axis is not padded.
+    if x.is_stacked(1):
+        return None
+    p = x.input(1).t
+    return stacked(*create_op_like(x.op, [x.input(0).t, tf.concat([tf.zeros([1, 2], p.dtype), p],
+                                                                   0)]))
+
+
+@converter("Dilation2DBackpropInput", "Dilation2DBackpropFilter")
+def _dilation2d_backprop(x: ConversionInput):
+    # (input [b,h,w,c], filter [fh,fw,c], out_backprop): channels are independent, so every
+    # operand takes the iterations as channel blocks.
+    n = x.loop_len
+    images = fold_into_channels(x.stacked_input(0), 3)
+    filt = fold_into_channels(x.stacked_input(1), 2)
+    dy = fold_into_channels(x.stacked_input(2), 3)
+    out = create_op_like(x.op, [images, filt, dy])[0]
+    axis = 3 if x.op_type == "Dilation2DBackpropInput" else 2
+    return [WrappedTensor(unfold_from_channels(out, axis, n, tf.shape(x.op.inputs[1])[2]), True)]
 
 
 @converter("AvgPoolGrad", "AvgPool3DGrad")
