@@ -145,9 +145,9 @@ class Program:
     Function IR: ``functions`` (name -> Function) with ``main``; ``blocks`` is empty.
     Stack-machine IR (``lowered``): ``blocks`` is the flat block list (entry 0), ``params`` the
     qualified parameters of main, ``result`` main's qualified result, ``entries`` the entry block
-    of each function and ``owners`` the function of each block.  ``allocation`` maps each variable to TEMPORARY / REGISTER / STACK once the
-    allocation pass ran; ``notes`` lists the passes and optimizations applied; ``liveness`` holds
-    the analysis a liveness pass attached (per block: live-in set).
+    of each function and ``owners`` the function of each block.  ``allocation`` maps each
+    variable to TEMPORARY / REGISTER / STACK once the allocation pass ran; ``notes`` lists the
+    passes and optimizations applied; ``liveness`` holds the analysis a liveness pass attached.
     """
     functions: Mapping[str, Function]
     main: str

@@ -46,7 +46,7 @@ class _Runner:
             return run_primitive(prim, values, batch)
         fn = self.jitted.get(id(prim))
         if fn is None:
-            fn = tf.function(lambda *a: run_primitive(prim, a, batch_size_of(a or [[0]])),
+            fn = tf.function(lambda *a: run_primitive(prim, a, batch_size_of(a)),
                              jit_compile=True, autograph=False)
             self.jitted[id(prim)] = fn
         if not values:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import linecache
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from . import ir
@@ -221,6 +220,3 @@ def batch_size_of(args: Any) -> Any:
         return x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
     raise AutobatchError("a batched function needs at least one tensor argument")
 
-
-def as_numpy(value: Any) -> Any:
-    return tf.nest.map_structure(np.asarray, value)
