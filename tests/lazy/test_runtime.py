@@ -145,7 +145,7 @@ def test_mark_step_runs_cached_programs_asynchronously():
         v.assign_add(x)
         e = e * 0.5 + 1.0
         ev.assign_add(e)
-        lazy.mark_step()
+        lazy.mark_step(wait=False)
         launched += isinstance(x._node.value, runtime.Pending)
     assert launched == 4          # the first step compiles synchronously, then cache hits
     np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-6)
@@ -163,6 +163,6 @@ def test_an_error_in_a_background_run_surfaces_at_the_first_use(monkeypatch):
         raise tf.errors.InvalidArgumentError(None, None, "simulated device failure")
     monkeypatch.setattr(lowering.Compiled, "__call__", broken)
     z = y * 3.0
-    lazy.mark_step()                                   # a cache hit: launched in background
+    lazy.mark_step(wait=False)                         # a cache hit: launched in background
     with pytest.raises(lazy.LazyCompileError, match="simulated device failure"):
         z.numpy()
