@@ -38,6 +38,10 @@ def test_iters_zero_gives_an_empty_stack_of_the_right_shape():
     assert out.shape == (0, 3)
     out = tf.function(lambda n: tfx_vec.pfor(lambda i: tf.gather(x, i) + 1.0, n))(tf.constant(0))
     assert out.shape == (0, 3)
+    out = tfx_vec.pfor(lambda i: tf.reshape(tf.gather(x, i), [-1, 1]) @ tf.ones([1, 2]), 0)
+    assert out.shape == (0, 3, 2)
+    out = tfx_vec.vectorized_map(lambda r: tf.reduce_sum(r), tf.zeros([0, 3]), chunk_size=2)
+    assert out.shape == (0,)
 
 
 def test_dynamic_iters_tensor_in_eager():

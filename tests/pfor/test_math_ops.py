@@ -138,6 +138,7 @@ MATMUL = [
     ("Einsum", lambda x, y: tf.einsum("ij,jk->ik", x, y), a(2, 3), a(3, 4)),
     ("Einsum-ellipsis", lambda x, y: tf.einsum("...ij,...jk->...ik", x, y), a(5, 2, 3), a(3, 4)),
     ("Einsum-outer", lambda x, y: tf.einsum("i,j->ji", x, y), a(2), a(3)),
+    ("Einsum-implicit", lambda x, y: tf.einsum("ij,jk", x, y), a(2, 3), a(3, 4)),
     ("Einsum-trace", lambda x, y: tf.einsum("ii,j->j", x, y), a(3, 3), a(2)),
 ]
 

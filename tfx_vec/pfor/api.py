@@ -150,13 +150,19 @@ def _vectorize(fn: Callable, specs: Sequence[tf.TensorSpec], bound: Sequence[Wra
     """trace → bind → vectorize (whole, or chunk by chunk) → pack, into the current graph."""
     traced = trace.trace_function(fn, specs, with_config=with_config, pack_args=pack_args)
     flat_axes = _flat_axes(out_axes, traced.pack(list(traced.graph.outputs)), "out_axes")
-    if chunk_size is None:
+    n_static = tf.get_static_value(loop_len)
+    if n_static == 0 and all(o.shape.is_fully_defined() and o.dtype not in (tf.variant,
+                                                                             tf.resource)
+                             for o in traced.graph.outputs):
+        # zero iterations: nothing runs; kernels need not cope with empty batches
+        outs = [WrappedTensor(tf.zeros([0] + o.shape.as_list(), o.dtype), True)
+                for o in traced.graph.outputs]
+    elif chunk_size is None:
         outs = _convert(traced, bound, loop_len, options)
     else:
         if None in flat_axes:
             raise ValueError("vectorized_map: out_axes=None cannot be combined with chunk_size")
         outs = _chunked(traced, bound, loop_len, options, int(chunk_size))
-    n_static = tf.get_static_value(loop_len)
     results = []
     for w, ax, original in zip(outs, flat_axes, traced.graph.outputs):
         if ax is None:

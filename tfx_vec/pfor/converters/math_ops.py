@@ -132,10 +132,12 @@ _LETTERS = string.ascii_letters
 @register_converter("Einsum")
 def _einsum(x: ConversionInput):
     """Give every stacked operand, and the output, a fresh leading batch label."""
-    equation = x.attr("equation").decode()
-    if "->" not in equation:
-        return None
-    lhs, rhs = equation.replace(" ", "").split("->")
+    equation = x.attr("equation").decode().replace(" ", "")
+    if "->" not in equation:  # implicit output: labels seen once, sorted, after any "..."
+        labels = equation.replace("...", "").replace(",", "")
+        once = sorted(c for c in set(labels) if labels.count(c) == 1)
+        equation += "->" + ("..." if "..." in equation else "") + "".join(once)
+    lhs, rhs = equation.split("->")
     terms = lhs.split(",")
     free = [c for c in _LETTERS if c not in equation]
     if not free:
