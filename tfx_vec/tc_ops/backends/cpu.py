@@ -56,10 +56,20 @@ _LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("TFX_VEC_TC_CACHE_DIR",
-                            Path.home() / ".cache" / "tfx_vec" / "tc_cpu"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Where compiled kernels live: ``$TFX_VEC_TC_CACHE_DIR``, else ``~/.cache/tfx_vec/tc_cpu``,
+    else (unwritable home) a folder under the system temp dir."""
+    env = os.environ.get("TFX_VEC_TC_CACHE_DIR")
+    candidates = [Path(env)] if env else [Path.home() / ".cache" / "tfx_vec" / "tc_cpu",
+                                          Path(tempfile.gettempdir()) / "tfx_vec_tc_cpu"]
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            continue
+    raise TcBackendError(f"tc_ops cpu backend: no writable kernel cache directory "
+                         f"(tried {', '.join(map(str, candidates))}; set TFX_VEC_TC_CACHE_DIR)")
 
 
 def compiler() -> str:
