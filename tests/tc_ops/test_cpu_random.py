@@ -93,3 +93,22 @@ def test_random_programs_match_the_interpreter(prog, options, seed):
     got = entry.run_numpy(*args, options=options)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=src)
+
+
+@pytest.mark.parametrize("src,shapes", [
+    ("def f(float(N) A, float() s) -> (B) { B(i) +=! A(i + j) * s() where j in 1:3 }",
+     [(6,), ()]),
+    ("def g(float(N,M) A) -> (B, C) {\n  B(i) = A(i, 0) + A(i, M - 1)\n"
+     "  C(j) max=! B(j) * A(j, 1) where j in 0:N\n}", [(5, 4)]),
+    ("def h(float(N,M) A) -> (B) { B(i,j) = A(i,j) where i in 1:N, j in 0:M-1 }", [(5, 4)]),
+])
+def test_rank0_tensors_and_where_ranges_not_starting_at_zero(src, shapes):
+    rng = np.random.default_rng(3)
+    args = [random_array(rng, s, np.float32) for s in shapes]
+    entry = list(tc.define(src))[0]
+    for got, ref in zip(entry.run_numpy(*args), interpret(entry.cdef, args)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # a transposed (non-contiguous) input is accepted and read correctly
+    if len(shapes[0]) == 2:
+        t = random_array(rng, shapes[0][::-1], np.float32).T
+        np.testing.assert_allclose(entry.run_numpy(t)[0], interpret(entry.cdef, [t])[0])

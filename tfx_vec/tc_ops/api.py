@@ -183,7 +183,8 @@ class Entry:
             if arr.dtype != want:
                 raise TcShapeError(f"{self.name}: input {p.name} is declared {p.dtype} "
                                    f"({want}) but got dtype {arr.dtype}")
-            out.append(np.ascontiguousarray(arr))
+            # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+            out.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
         return out
 
     def _key_and_scalars(self, arrays: list[np.ndarray]) -> tuple[tuple, dict]:
