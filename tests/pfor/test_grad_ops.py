@@ -100,15 +100,18 @@ def test_grouped_conv2d_backprop():
 
 
 def test_conv3d_backprop():
-    conv = lambda x, f: tf.nn.conv3d(x, f, [1, 1, 1, 1, 1], "SAME")  # noqa: E731
-    args = [rand(1, 3, 4, 3, 2), rand(2, 2, 2, 2, 3), rand(1, 3, 4, 3, 3)]
-    # The combinations with a single-op formulation (TF has no grouped 3-D convolution).
-    combos = [(True, False, False), (False, False, True), (False, True, False)]
+    conv = lambda x, f: tf.nn.conv3d(x, f, [1, 1, 2, 1, 1], "SAME")  # noqa: E731
+    args = [rand(2, 3, 4, 3, 2), rand(2, 2, 2, 2, 3), rand(2, 3, 2, 3, 3)]
+    # Per-example gradients (images and upstream stacked) take volume patches and one
+    # batched matmul for the filter gradient.
+    combos = [(True, False, False), (False, False, True), (False, True, False),
+              (True, False, True)]
     check_op(vjp(conv), args, rtol=1e-4, atol=1e-4, combos=combos)
-    xs, dys = gathered(np.stack([args[0]] * 2)), gathered(np.stack([args[2]] * 2))
-    f = tf.constant(args[1])
-    with pytest.raises(tfx_vec.VectorizationError, match="Conv3DBackpropFilterV2"):
-        tfx_vec.pfor(lambda i: vjp(conv)(xs(i), f, dys(i)), 2, fallback_to_while_loop=False)
+    # A per-iteration filter and upstream gradient would need a grouped 3-D kernel.
+    fs, dys = gathered(np.stack([args[1]] * 2)), gathered(np.stack([args[2]] * 2))
+    x = tf.constant(args[0])
+    with pytest.raises(tfx_vec.VectorizationError, match="Conv3DBackpropInputV2"):
+        tfx_vec.pfor(lambda i: vjp(conv)(x, fs(i), dys(i)), 2, fallback_to_while_loop=False)
 
 
 def test_depthwise_backprop():
