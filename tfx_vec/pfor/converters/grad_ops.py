@@ -14,6 +14,8 @@ of :mod:`.nn_ops`:
   or groups of one grouped kernel.  ``Conv2DBackpropFilter`` sums over the batch, so the
   iterations become output channels (invariant input), input channels (invariant
   ``out_backprop``) or groups.  Depthwise gradients fold into the depthwise channels.
+  ``Conv3D`` has no grouped kernel: its per-example filter gradient (images and upstream
+  stacked) is ``patches^T @ out_backprop`` from volume patches, one batched matmul.
   Channels-first ops are emitted channels-last (:class:`~.nn_ops.ChannelsLast`); ``EXPLICIT``
   padding of grouped gradients is applied by hand (a pad, or a crop of a ``VALID`` transposed
   convolution), since TF's CPU kernels reject groups with explicit padding.
