@@ -160,6 +160,16 @@ CALL_ERRORS = [
 ]
 
 
+CALL_ERRORS += [
+    ("tmm", lambda: [np.zeros((0, 3), np.float32), np.ones((2, 3), np.float32)],
+     tc.TcRangeError, r"index 'm' gets an empty range \[0, 0\) for sizes M=0"),
+    ("leaky_mask", lambda: [np.ones(3, np.float32), "x"], tc.TcShapeError,
+     r"scalar argument alpha is declared float, got 'x'"),
+    ("leaky_mask", lambda: [np.ones(3, np.float32), np.ones(2)], tc.TcShapeError,
+     r"scalar argument alpha got an array of shape \(2,\)"),
+]
+
+
 @pytest.mark.parametrize("name,args,cls,pattern", CALL_ERRORS)
 def test_call_time_errors(name, args, cls, pattern):
     with pytest.raises(cls, match=pattern):
@@ -184,6 +194,9 @@ def test_inference_intersects_and_unchecked_accesses_are_bounds_checked():
 
 
 def test_options_validation():
+    with pytest.raises(tc.TcOptionsError, match="options must be a tc.MappingOptions"):
+        _module(BY_NAME["tmm"]).tmm(np.ones((2, 3), np.float32), np.ones((2, 3), np.float32),
+                                    options="fast")
     with pytest.raises(tc.TcOptionsError, match="fusion_strategy"):
         tc.MappingOptions(fusion_strategy="some")
     with pytest.raises(tc.TcOptionsError, match="map_to_threads"):

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import lang
 from .backends import KernelSpec, get_backend
-from .errors import TcError, TcNameError, TcShapeError
+from .errors import TcError, TcNameError, TcOptionsError, TcShapeError
 from .lang import ast as A
 from .lang.ranges import Ranges, check_values, infer_ranges
 from .lang.sema import CheckedDef, check
@@ -177,7 +177,11 @@ class Entry:
                 if arr.ndim != 0:
                     raise TcShapeError(f"{self.name}: scalar argument {p.name} got an array of "
                                        f"shape {arr.shape}")
-                out.append(np.array(arr, dtype=want))
+                try:
+                    out.append(np.array(arr, dtype=want))
+                except (TypeError, ValueError) as e:
+                    raise TcShapeError(f"{self.name}: scalar argument {p.name} is declared "
+                                       f"{p.dtype}, got {x!r}") from e
                 continue
             arr = np.asarray(x)
             if arr.dtype != want:
@@ -194,6 +198,9 @@ class Entry:
         return (shapes, tuple(sorted(scalars.items()))), scalars
 
     def _prepare(self, arrays: list[np.ndarray], options: MappingOptions):
+        if not isinstance(options, MappingOptions):
+            raise TcOptionsError(f"{self.name}: options must be a tc.MappingOptions, "
+                                 f"got {type(options).__name__}")
         key, scalars = self._key_and_scalars(arrays)
         full = key + (options,)     # frozen dataclass: hashable, equal options share a kernel
         hit = self._compiled.get(full)
