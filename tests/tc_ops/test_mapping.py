@@ -122,3 +122,11 @@ def test_uncoalesced_single_use_input_is_promoted_only_when_uncoalesced():
     x = k.stmt("S0").vars[_x_vars(band.band_get_partial_schedule(), 1)["S0"]]
     # A(i, j) is read once: promoted exactly when thread x does not follow j
     assert [p.tensor for p in gk.promotions] == ([] if x == "j" else ["A"])
+
+
+def test_one_thread_dimension_follows_the_innermost_coincident_member():
+    k = _kernel(TMM, {"A": (16, 3), "B": (16, 3)})
+    gk = map_to_gpu(k, MappingOptions(tile=(4, 8), map_to_threads=(32,),
+                                      map_to_blocks=(4,))).kernels[0]
+    # threads on n (tile 8, coalesced C[m][n] writes), blocks on m (16 / 4 = 4 tiles)
+    assert gk.block == (8,) and gk.grid == (4,)

@@ -8,8 +8,8 @@ becomes kernels launched in order).  Inside each kernel, following PPCG/TC:
 
 1. the outermost band is tiled by ``options.tile`` (``poly/tile.py``; members beyond the given
    sizes are split off and run inside the point loops);
-2. its leading coincident tile members are mapped to blocks and the same point members to
-   threads (``map_to_blocks``/``map_to_threads`` sizes, x = innermost mapped member), by inserting
+2. its leading coincident tile members are mapped to blocks and its innermost coincident point
+   members to threads (``map_to_blocks``/``map_to_threads`` sizes, x = innermost), by inserting
    filters ``tile_j = b + nb * e`` above the tile band and ``point_j = t + nt * e`` above the point
    band (Figure 3e), so isl's AST generator writes strided loops over the block/thread ids;
    a kernel whose outer member carries a dependence runs as one thread (every instance is executed
@@ -189,12 +189,15 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
     for j in range(n_blocks):
         grid[n_blocks - 1 - j] = min(options.map_to_blocks[n_blocks - 1 - j],
                                      _extent(tile_node, j, domain))
+    # threads take the innermost coincident tiled members (x the innermost: coalescing)
+    first = min(nc, k) - n_threads
+    t_members = [first + i for i in range(n_threads)]
     block = [0] * n_threads
-    for j in range(n_threads):
-        block[n_threads - 1 - j] = min(options.map_to_threads[n_threads - 1 - j], sizes[j])
-    t_ids = [THREAD_IDS[n_threads - 1 - j] for j in range(n_threads)]
-    t_filter = _residue_filter(point, list(range(n_threads)), t_ids,
-                               [block[n_threads - 1 - j] for j in range(n_threads)])
+    for i, j in enumerate(t_members):
+        block[n_threads - 1 - i] = min(options.map_to_threads[n_threads - 1 - i], sizes[j])
+    t_ids = [THREAD_IDS[n_threads - 1 - i] for i in range(n_threads)]
+    t_filter = _residue_filter(point, t_members, t_ids,
+                               [block[n_threads - 1 - i] for i in range(n_threads)])
     b_ids = [BLOCK_IDS[n_blocks - 1 - j] for j in range(n_blocks)]
     b_filter = _residue_filter(tile_node, list(range(n_blocks)), b_ids,
                                [grid[n_blocks - 1 - j] for j in range(n_blocks)])
@@ -208,7 +211,7 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
     if options.use_shared_memory:
         ctx_set = isl.Set.read_from_str(kernel.ctx, f"[{', '.join(t_params)}] -> {{ : " + (
             " and ".join(f"0 <= {p} < {e}" for p, e in zip(t_params, extents))) + " }")
-        x_vars = _x_vars(band_schedule, n_threads - 1) if n_threads else {}
+        x_vars = _x_vars(band_schedule, t_members[-1]) if n_threads else {}
         chosen = promote_shared(kernel, tile_domain, ctx_set, shared_budget, x_vars)
         if chosen:
             gk.promotions = chosen
