@@ -31,3 +31,14 @@ def test_non_terminating_member_hits_max_steps(runtime):
 def test_stack_overflow_is_an_error(runtime):
     with pytest.raises(ab.StackOverflowError, match="max_stack_depth=4"):
         fib(tf.constant([2, 9]), runtime=runtime, max_stack_depth=4)
+
+
+def test_hybrid_compiles_each_primitive_once_across_calls():
+    counts = []
+    for values in ([3, 7, 4], [2, 5, 6]):
+        x = tf.constant(values)
+        np.testing.assert_array_equal(fib(x, runtime="local_static", xla_blocks=True).numpy(),
+                                      reference(fib, x))
+        jitted = fib._compiled["local_static_xla"]
+        counts.append({k: f.experimental_get_tracing_count() for k, f in jitted.items()})
+    assert counts[0] and counts[0] == counts[1]  # the second call compiled nothing

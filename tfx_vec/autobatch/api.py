@@ -98,7 +98,8 @@ class AutobatchFunction:
             return local_static.run(self.program(), args, gather=opts["gather"],
                                     xla_blocks=opts["xla_blocks"],
                                     max_stack_depth=opts["max_stack_depth"],
-                                    max_steps=opts["max_steps"])
+                                    max_steps=opts["max_steps"],
+                                    jit_cache=self._compiled.setdefault("local_static_xla", {}))
         if runtime == "numpy":
             from . import numpy_backend
             return numpy_backend.run(self.program(), self.lowered(), args,

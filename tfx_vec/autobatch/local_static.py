@@ -36,10 +36,10 @@ __all__ = ["run"]
 
 class _Runner:
     def __init__(self, program: ir.Program, gather: bool, xla_blocks: bool,
-                 max_stack_depth: int, max_steps: int):
+                 max_stack_depth: int, max_steps: int, jit_cache: dict | None):
         self.program, self.gather, self.xla = program, gather, xla_blocks
         self.max_depth, self.max_steps, self.steps = max_stack_depth, max_steps, 0
-        self.jitted: dict[int, Any] = {}
+        self.jitted: dict[int, Any] = {} if jit_cache is None else jit_cache
 
     def primitive(self, prim: ir.Primitive, values: list, batch: Any) -> tuple:
         if not self.xla:
@@ -156,7 +156,8 @@ class _Runner:
 
 @tf.autograph.experimental.do_not_convert
 def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
-        xla_blocks: bool = False, max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
+        xla_blocks: bool = False, max_stack_depth: int = 32, max_steps: int = 100_000,
+        jit_cache: dict | None = None) -> Any:
     """Run a Function-IR program eagerly on batched ``args`` (Algorithm 1).
 
     Args:
@@ -166,6 +167,8 @@ def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
       xla_blocks: compile each primitive with XLA.
       max_stack_depth: deepest Python recursion allowed.
       max_steps: most block executions (all invocations together).
+      jit_cache: where the XLA-compiled primitives live between calls (``ab.function`` passes
+        one per function, so the hybrid compiles each primitive once per input shape).
     Raises:
       StackOverflowError: recursion deeper than ``max_stack_depth``.
       MaxStepsExceededError: more than ``max_steps`` block executions.
@@ -173,6 +176,6 @@ def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
     if not tf.executing_eagerly():
         raise AutobatchError("the local_static runtime runs eagerly (it recurses in Python); "
                              "use runtime='program_counter' inside tf.function")
-    runner = _Runner(program, gather, xla_blocks, max_stack_depth, max_steps)
+    runner = _Runner(program, gather, xla_blocks, max_stack_depth, max_steps, jit_cache)
     args = tf.nest.map_structure(tf.convert_to_tensor, tuple(args))
     return runner.function(program.functions[program.main], args, 0)
