@@ -93,3 +93,14 @@ def test_docstring_examples_run():
         mod = importlib.import_module(f"tfx_vec.tc_ops.{name}")
         result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0, name
+
+
+def test_entry_inside_tf_function_uses_the_tf_op():
+    mod = tc.define("def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }")
+    rng = np.random.default_rng(1)
+    A, B = random_array(rng, (6, 5)), random_array(rng, (7, 5))
+    f = tf.function(lambda a, b: mod.tmm(a, b) * 2)
+    np.testing.assert_allclose(f(tf.constant(A), tf.constant(B)).numpy(), 2 * A @ B.T,
+                               rtol=1e-5, atol=1e-5)
+    assert "TcKernel" in {op.type for op in f.get_concrete_function(
+        tf.TensorSpec((6, 5), tf.float32), tf.TensorSpec((7, 5), tf.float32)).graph.get_operations()}

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import lang
 from .backends import KernelSpec, get_backend
-from .errors import TcError, TcNameError, TcOptionsError, TcShapeError
+from .errors import TcBackendError, TcError, TcNameError, TcOptionsError, TcShapeError
 from .lang import ast as A
 from .lang.ranges import Ranges, check_values, infer_ranges
 from .lang.sema import CheckedDef, check
@@ -243,11 +243,30 @@ class Entry:
         return tuple(outs)
 
     def __call__(self, *inputs: Any, options: MappingOptions | None = None):
-        """Run on tf.Tensor/NumPy inputs; one ``tf.Tensor`` per output (a tuple if several)."""
+        """Run on tf.Tensor/NumPy inputs; one ``tf.Tensor`` per output (a tuple if several).
+
+        Inside ``tf.function`` (symbolic inputs) the cpu backend's call becomes the ``TcKernel``
+        TF op of ``tf_op.py`` (same generated C, with a gradient), so entries compose with graphs.
+        """
         import tensorflow as tf
+        if not tf.executing_eagerly() or any(
+                isinstance(x, tf.Tensor) and not hasattr(x, "_numpy") for x in inputs):
+            return self._graph_call(inputs, options)
         outs = self.run_numpy(*inputs, options=options)
         res = tuple(tf.convert_to_tensor(o) for o in outs)
         return res[0] if len(res) == 1 else res
+
+    def _graph_call(self, inputs: Sequence[Any], options: MappingOptions | None):
+        if self.backend != "cpu":
+            raise TcBackendError(f"{self.name}: backend {self.backend!r} cannot run inside "
+                                 "tf.function; use backend='cpu' (a TF op) or call eagerly")
+        from .tf_op import tc_function
+        options = options or self.options
+        key = ("graph", options)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = self._compiled[key] = tc_function(self.cdef.source, self.name, options=options)
+        return fn(*inputs)
 
     def source(self) -> str:
         """The generated code for the last compiled sizes."""
