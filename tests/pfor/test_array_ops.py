@@ -169,7 +169,7 @@ def test_range_ragged_is_a_clear_error():
         tfx_vec.pfor(lambda i: tf.range(i), 3, fallback_to_while_loop=False)
 
 
-@settings(max_examples=5)
+@settings(max_examples=3)
 @given(st.lists(st.integers(1, 3), min_size=2, max_size=4), st.randoms(use_true_random=False))
 def test_random_shapes_transpose_slice_concat(shape, rnd):
     perm = list(range(len(shape)))
