@@ -29,7 +29,6 @@ import time
 import weakref
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from . import ir, lowering, metrics
