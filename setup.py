@@ -30,6 +30,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tfx_vec", "tfx_vec.*"]),
+    # The TF custom op's C++ source is compiled at run time against the installed TensorFlow.
+    package_data={"tfx_vec.tc_ops": ["tf_op/*.cc", "tf_op/*.h"]},
     install_requires=_INSTALL,
     extras_require={
         "test": _TEST,
