@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import islpy as isl
 
@@ -228,6 +229,29 @@ def _extent(upa: isl.UnionPwAff, domain: isl.UnionSet) -> int | None:
         return None
 
 
+def _unit_stride(member: isl.UnionPwAff, reds: list) -> bool:
+    """Does the band member run, in every reduction statement, over an index that only ever
+    appears in the *last* subscript of that statement's accesses (so a vector loop over it reads
+    and writes contiguous elements: conv's w, not tmm's n in ``B(n, kk)``)?"""
+    text = member.to_str()
+    for st in reds:
+        m = re.search(rf"\b{st.name}\[[^\]]*\] -> \[\((\w+)\)\]", text)
+        if m is None:
+            return False
+        var = next((v for v in st.vars if isl_name(v) == m.group(1)), None)
+        if var is None:
+            return False
+        s = st.tc.stmt
+        accesses = [tuple(A.Ident(v, s.span) for v in s.lhs_indices)] + \
+            [r.args for r in st.tc.reads]
+        for subs in accesses:
+            for k, e in enumerate(subs):
+                uses = any(isinstance(x, A.Ident) and x.name == var for x in A.walk(e))
+                if uses and k != len(subs) - 1:
+                    return False
+    return True
+
+
 def sink_vector_loop(schedule: isl.Schedule, kernel: PolyKernel) -> isl.Schedule:
     """Conv-like TCs: when every reduction is short (c, kh, kw), sink the last coincident member
     of the outermost band (w) below everything else, so the innermost loop is a long parallel
@@ -254,8 +278,9 @@ def sink_vector_loop(schedule: isl.Schedule, kernel: PolyKernel) -> isl.Schedule
     if len(par) < 2 or par != list(range(len(par))):
         return schedule
     last = par[-1]
-    ext = _extent(node.band_get_partial_schedule().get_at(last), node.get_domain())
-    if ext is None or ext < _MIN_VECTOR_EXTENT:
+    member = node.band_get_partial_schedule().get_at(last)
+    ext = _extent(member, node.get_domain())
+    if ext is None or ext < _MIN_VECTOR_EXTENT or not _unit_stride(member, reds):
         return schedule
     if last < n - 1:
         node = node.band_split(last + 1)
