@@ -47,16 +47,25 @@ def test_fallback_disabled_raises_naming_op_and_line():
         tfx_vec.pfor(hist_fn(x), 3, fallback_to_while_loop=False)
 
 
-def test_fallback_with_stateful_op_and_side_effect_only_op():
-    x = arr(4, 3)
+def test_fallback_with_stateful_op_and_side_effect_only_op(tmp_path):
+    """tf.print of a loop-variant row: StringFormat and the output-less PrintV2 fall back and
+    really run once per iteration (each row printed)."""
+    x = tf.constant(np.arange(1, 13, dtype=np.float32).reshape(4, 3))
+    log = tmp_path / "printed.txt"
 
     def loop_fn(i):
         row = tf.gather(x, i)
         tf.debugging.assert_all_finite(row, "finite")   # CheckNumerics / Assert
-        tf.print(tf.shape(row), output_stream="file:///dev/null")   # PrintV2: no outputs
+        tf.print(row, output_stream=f"file://{log}")   # StringFormat + PrintV2 (no outputs)
         return row * 2.0
     tfx_vec.reset_fallbacks()
     np.testing.assert_allclose(tfx_vec.pfor(loop_fn, 4).numpy(), x.numpy() * 2)
+    np.testing.assert_allclose(tf.function(lambda: tfx_vec.pfor(loop_fn, 4))().numpy(),
+                               x.numpy() * 2)
+    report = tfx_vec.fallback_report()
+    assert report.get("StringFormat") == 2 and report.get("PrintV2") == 2, dict(report)
+    lines = sorted(log.read_text().split("\n")[:-1])
+    assert lines == sorted(2 * ["[1 2 3]", "[4 5 6]", "[7 8 9]", "[10 11 12]"]), lines
 
 
 def test_ragged_fallback_result_is_a_clear_error():
