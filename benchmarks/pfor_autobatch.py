@@ -107,7 +107,7 @@ def first_call_seconds(makers: dict, xs, repeats: int) -> dict[str, float]:
 def run(quick: bool) -> Report:
     rng = np.random.default_rng(0)
     sizes = [1, 16, 256] if quick else [1, 4, 16, 64, 256, 1024]
-    rounds = 5 if quick else 9
+    rounds = 5 if quick else 15
     report = Report("pfor_autobatch", unit="examples/s", ours=OURS, higher_is_better=True)
     fallbacks = {}
     for name, model in (("linear", linear_model), ("convnet", convnet_model)):
