@@ -358,6 +358,15 @@ def test_forcing_points_and_static_shapes():
     np.testing.assert_allclose((np.float32(3.0) * x).numpy(), 3 * a * 2)
 
 
+def test_small_eager_int_tensors_are_baked_with_their_dtype():
+    cond = lazy.tensor([True, False])
+    a, b = tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64)
+    out = tf.where(cond, a, b)
+    assert out.dtype == tf.int64
+    np.testing.assert_array_equal(out.numpy(), [1, 4])
+    assert "const()" in lazy.ir_text(tf.where(cond, a, b))
+
+
 def test_fallback_runs_eagerly_and_is_counted():
     x = lazy.tensor([3.0, 1.0, 3.0, 2.0]) * 1.5
     y, idx = tf.unique(x)              # value-dependent output shape: no lazy rule

@@ -321,15 +321,17 @@ def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
 _consts: dict = {}
 
 
-def _const(v: Any) -> Node:
-    key = (type(v), v)
+def _const(v: Any, dtype: tf.DType | None = None) -> Node:
+    """A baked constant: a Python value (replayed as is, so TF converts it as eager would) or,
+    with ``dtype``, the frozen value of a small eager tensor (replayed with its dtype)."""
+    key = (type(v), v, dtype)
     node = _consts.get(key)
     if node is None:
         arr = np.asarray(v)
-        dtype = tf.as_dtype(arr.dtype) if arr.dtype != np.float64 else tf.float32
+        shown = dtype or (tf.as_dtype(arr.dtype) if arr.dtype != np.float64 else tf.float32)
         if len(_consts) > 10000:  # baked constants that never repeat must not grow it forever
             _consts.clear()
-        node = _consts[key] = Node("const", (), (v, None), tuple(arr.shape), dtype)
+        node = _consts[key] = Node("const", (), (v, dtype), tuple(arr.shape), shown)
     return node
 
 
@@ -339,7 +341,7 @@ def _leaf(v: Any) -> Node | None:
         if isinstance(v, _SymbolicTensor):
             raise Unrecordable("symbolic tf.Tensor argument")
         try:
-            return _const(freeze(v))
+            return _const(freeze(v), v.dtype)
         except Unrecordable:
             return Node.leaf("data", v)
     if isinstance(v, bool) or v is None:
