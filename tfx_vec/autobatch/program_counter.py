@@ -200,7 +200,8 @@ class _Machine:
         else:  # Return
             pc_sp = pc_sp - tf.cast(active, tf.int32)
             pc = tf.where(active, _read_slot(big["pc_stack"], pc_sp, self.depth + 1), pc)
-        pc = tf.where(overflow, self.halt, pc)
+        if any(isinstance(op, ir.Push) for op in b.ops) or isinstance(t, ir.PushJump):
+            pc = tf.where(overflow, self.halt, pc)  # only these can overflow
         return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp,
                  "runs": small["runs"], "members": small["members"]},
                 {"pc_stack": pc_write, "stack": writes})
