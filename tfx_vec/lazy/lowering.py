@@ -5,7 +5,8 @@ the replayed tensors (``ops.call``), so TensorFlow's own lowering to XLA HLO doe
 Parameters arrive as three arguments: the data tensors, one float64 vector of the Python scalars
 (each cast to its node's dtype) and the variables (resources).  Variable reads happen first and
 the ``assign``s last, so every read sees the value from before the step; under XLA the updates
-write the variables' buffers in place.
+are XLA resource updates written back to the variables (TensorFlow's XLA launch may alias
+them to the variables' buffers).
 
 Each ``grad`` entry gets a persistent ``tf.GradientTape``, active over the whole replay, that
 watches that gradient's sources as they are produced and is paused (``stop_recording``) for the

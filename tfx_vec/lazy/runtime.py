@@ -9,8 +9,9 @@ with pending computation and every pending variable update in **one** program:
    no data) and its parameters (tensors, Python scalars, variables);
 3. look the key up in the LRU cache; on a miss :func:`lowering.build` a
    ``tf.function(jit_compile=True)`` (guarded by ``max_graphs``);
-4. run it: variable updates happen inside the compiled program (XLA updates the resources in
-   place), every output becomes a ``data`` node that its tensors now point at.
+4. run it (optionally on a background thread): variable updates happen inside the compiled
+   program as XLA resource updates; every output becomes a ``data`` node that its tensors now
+   point at.
 
 Because the barrier always takes *all* live tensors and *all* pending updates together, and every
 computed value is substituted into its tensors, the paper's aliasing hazards cannot occur: a read

@@ -207,7 +207,7 @@ class Variable(LazyTensor):
     """A lazy view of a ``tf.Variable``: reads record, ``assign*`` substitute the value.
 
     The new value is written to the ``tf.Variable`` inside the next barrier's compiled program
-    (in place under XLA).  Example:
+    (an XLA resource update).  Example:
 
         >>> v = Variable([1.0, 2.0])
         >>> _ = v.assign_add([10.0, 10.0])
