@@ -5,8 +5,8 @@ The paper's kernels at its sizes where they fit this machine (§7, appendix A.4)
 2LUT, MLP3 and fcrelu.  Each TC runs through the public API (``mod.entry(*tf_tensors)``, tf.Tensor
 in and out) with its default MappingOptions; we report median milliseconds, the ratio to each peer,
 ("tc_cpu_1thread": the same kernel without OpenMP, to separate the kernel's quality from thread
-start-up on a shared machine), and in the notes the TC kernel's GFLOP/s and its fraction of the machine's measured matmul peak
-(a 2048^3 ``tf.matmul`` in ``tf.function``).
+start-up on a shared machine), and in the notes the TC kernel's GFLOP/s and its fraction of
+the machine's measured matmul peak (a 2048^3 ``tf.matmul`` in ``tf.function``).
 
 Run: ``.venv/bin/python -m benchmarks tc_cpu`` (``--quick``: small sizes, a subset).
 """

@@ -182,7 +182,8 @@ case("outerProductMM", """
 def outerProductMM(float(P,Q,R) A, float(S,R,T) B) -> (O) {
     O(p,s,q,t) +=! A(p,q,r) * B(s,r,t)
 }""", "outerProductMM",
-     lambda r: [_f(r, _d(r, 2, 5), _d(r, 2, 5), k := _d(r, 2, 5)), _f(r, _d(r, 2, 5), k, _d(r, 2, 5))],
+     lambda r: [_f(r, _d(r, 2, 5), _d(r, 2, 5), k := _d(r, 2, 5)),
+                _f(r, _d(r, 2, 5), k, _d(r, 2, 5))],
      lambda A, B: (np.einsum("pqr,srt->psqt", A, B),))
 
 case("softmax", """

@@ -102,5 +102,6 @@ def test_entry_inside_tf_function_uses_the_tf_op():
     f = tf.function(lambda a, b: mod.tmm(a, b) * 2)
     np.testing.assert_allclose(f(tf.constant(A), tf.constant(B)).numpy(), 2 * A @ B.T,
                                rtol=1e-5, atol=1e-5)
-    assert "TcKernel" in {op.type for op in f.get_concrete_function(
-        tf.TensorSpec((6, 5), tf.float32), tf.TensorSpec((7, 5), tf.float32)).graph.get_operations()}
+    graph = f.get_concrete_function(tf.TensorSpec((6, 5), tf.float32),
+                                    tf.TensorSpec((7, 5), tf.float32)).graph
+    assert "TcKernel" in {op.type for op in graph.get_operations()}

@@ -2,8 +2,9 @@
 
 The GPU knobs are the paper's (§6.2: tile sizes, block and thread mapping, shared/private memory
 promotion, unrolling, the fusion strategy of the isl scheduler); the CPU backend honours
-``tile``, ``fusion_strategy``, ``unroll``, ``parallel`` (which band member of the outermost band runs
-as the OpenMP-parallel loop) and ``vectorize`` (``#pragma omp simd`` on innermost parallel loops).
+``tile``, ``fusion_strategy``, ``unroll``, ``parallel`` (run the first coincident loop of the
+outermost band with OpenMP threads) and ``vectorize`` (``#pragma omp simd`` on innermost parallel
+loops, vector accumulators and unroll-and-jam for reductions).
 
 Options are frozen and validated on construction; ``to_json``/``from_json`` round-trip exactly,
 so an options value can key a cache or be stored by the autotuner.
@@ -61,9 +62,11 @@ class MappingOptions:
         unroll_copy_shared: also unroll the shared-memory copy loops.
         fusion_strategy: isl scheduler fusion: "max", "preserve3coincident" or "min".
         fix_parameters_before_scheduling: specialise sizes before scheduling (always done on CPU).
-        parallel: CPU: run the outermost band's first ``parallel`` coincident members as one
-            OpenMP-parallel (collapsed) loop nest; 0 = sequential.
-        vectorize: CPU: mark innermost coincident loops ``#pragma omp simd``.
+        parallel: CPU: 1 runs the first coincident loop of the outermost band with OpenMP
+            threads (kernels with at least 4M statement instances); 0 = one thread.
+        vectorize: CPU: ``#pragma omp simd`` on innermost coincident loops, vector
+            accumulators and unroll-and-jam for innermost reductions, short reductions moved
+            outside a unit-stride vector loop.
     """
 
     tile: tuple[int, ...] = ()
@@ -123,8 +126,8 @@ class MappingOptions:
             depth = max((len(s.index_vars()) for s in tc_def.stmts), default=1)
         depth = max(1, min(depth, 3))
         threads = (32, 8)[:min(depth, 2)]
-        return cls(tile=(32,) * depth, map_to_threads=threads, map_to_blocks=(256, 256)[:len(threads)],
-                   fusion_strategy="max")
+        return cls(tile=(32,) * depth, map_to_threads=threads,
+                   map_to_blocks=(256, 256)[:len(threads)], fusion_strategy="max")
 
     def replace(self, **changes: Any) -> "MappingOptions":
         """A copy with ``changes`` applied (validated)."""

@@ -1,4 +1,4 @@
-"""The CPU backend: C/OpenMP from the isl schedule, compiled by the system C compiler, run via ctypes.
+"""The CPU backend: C/OpenMP from the isl schedule, built by the system C compiler, run by ctypes.
 
 Kernel ABI (also what the TF op of ``tf_op.py`` calls)::
 
@@ -37,8 +37,6 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-
-import numpy as np
 
 from ..codegen.c import CPrinter
 from ..errors import TcBackendError, TcCompileError
