@@ -332,10 +332,11 @@ class _While:
         cond_stacked = dry_run(x, self.cond, x.inputs, flags)[0]
         if not cond_stacked:
             return self.invariant_cond(flags)
+        if any((f or not p) and w.t.dtype == tf.variant
+               for w, f, p in zip(x.inputs, flags, self.pass_through)):
+            return self.per_iteration()  # neither compaction nor masking applies to lists
         if in_xla_context(x):
             return self.masked(flags)
-        if any(f and w.t.dtype == tf.variant for w, f in zip(x.inputs, flags)):
-            return self.per_iteration()
         return self.partitioned(flags)
 
     def per_iteration(self):
