@@ -376,6 +376,13 @@ def test_fallback_runs_eagerly_and_is_counted():
     assert isinstance(z, lazy.LazyTensor)
     assert lazy.metrics()["fallback::unique"] == 1
     assert "unique" in lazy.metrics_report()
+    # a TF API that converts its input itself (no lazy rule, no dispatch failure) is counted too
+    counts = tf.math.bincount(lazy.tensor(np.array([0, 2, 2], np.int32)))
+    np.testing.assert_array_equal(np.asarray(counts), [1, 0, 2])
+    assert lazy.metrics()["fallback::bincount"] == 1
+    assert "fallback::convert_to_tensor" not in lazy.metrics()   # the user's own call forces
+    np.testing.assert_allclose(tf.convert_to_tensor(x).numpy(), [4.5, 1.5, 4.5, 3.0])
+    assert "fallback::convert_to_tensor" not in lazy.metrics()
 
 
 def test_fallback_error_flag_names_the_op_and_line():
@@ -385,6 +392,8 @@ def test_fallback_error_flag_names_the_op_and_line():
         tf.unique(x)
     with pytest.raises(lazy.LazyFallbackError, match="boolean_mask|where"):
         tf.boolean_mask(x, [True, False])
+    with pytest.raises(lazy.LazyFallbackError, match=r"tf\.bincount .*converts its lazy input"):
+        tf.math.bincount(lazy.tensor(np.array([0, 2], np.int32)))
 
 
 def test_shape_errors_name_the_op_and_user_line():

@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import sys
 import typing
 
 import numpy as np
@@ -63,6 +64,21 @@ def _static_shape(fn):
     return target
 
 
+_MACHINERY = ("/tensorflow/python/util/", "/tensorflow/python/ops/weak_tensor_ops.py",
+              "/tensorflow/python/framework/tensor_conversion")
+_LIBRARIES = ("/tensorflow/", "/keras/", "/tf_keras/", "/tensorflow_probability/")
+
+
+def _library_caller() -> str | None:
+    """The TensorFlow/Keras function that called ``tf.convert_to_tensor``, if not user code."""
+    f = sys._getframe(2)
+    while f is not None and any(m in f.f_code.co_filename for m in _MACHINERY):
+        f = f.f_back
+    if f is not None and any(lib in f.f_code.co_filename for lib in _LIBRARIES):
+        return f.f_code.co_name
+    return None
+
+
 def install() -> None:
     """Register the dispatchers (idempotent)."""
     if _installed[0]:
@@ -90,6 +106,9 @@ def install() -> None:
     @tf.experimental.dispatch_for_api(tf.convert_to_tensor, {"value": LazyTensor})
     def _convert(*args, **kwargs):
         bound = dict(zip(("value", "dtype"), args), **kwargs)
+        library_api = _library_caller()
+        if library_api is not None:  # a TF/Keras API without a lazy rule converts its input
+            runtime.count_fallback(library_api, "converts its lazy input to a tf.Tensor")
         out = value(bound["value"], "tf.convert_to_tensor")
         dtype = bound.get("dtype")
         return out if dtype is None else tf.cast(out, dtype)

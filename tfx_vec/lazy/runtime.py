@@ -277,16 +277,21 @@ def _compile(prog: ir.Program, cause: str) -> Any:
     return fn
 
 
-def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -> Any:
-    """Run ``api`` eagerly on forced inputs; results start new graphs.  Counted per op."""
-    from .tensor import LazyTensor, tensor
-
+def count_fallback(name: str, reason: str = "") -> None:
+    """Count an eager fallback of ``name`` (or raise, when fallbacks are errors)."""
     metrics.bump(f"fallback::{name}")
     if CONFIG.fallback_error:
         raise LazyFallbackError(
             f"tf.{name} has no lazy recording rule{(' (' + reason + ')') if reason else ''}; "
             f"called at {user_frame()}.  Fallbacks are errors (lazy.configure("
             f"fallback_error=False) or TFX_VEC_LAZY_FALLBACK_ERROR=0 allows them)")
+
+
+def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -> Any:
+    """Run ``api`` eagerly on forced inputs; results start new graphs.  Counted per op."""
+    from .tensor import LazyTensor, tensor
+
+    count_fallback(name, reason)
     flat = tf.nest.flatten((args, kwargs))
     if any(isinstance(x, LazyTensor) and x._pending() for x in flat):
         barrier(f"fallback tf.{name}")
