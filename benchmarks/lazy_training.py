@@ -6,9 +6,9 @@ variables and tape, ``lazy.mark_step()`` after the step, warm cache); ``tf.funct
 ``tf.function(jit_compile=True)``.  Models: an 8-layer MLP of 32 units and a small convnet.
 Also reported: the lazy first-step time (recording + compile) and the recording cost per op
 (the time to record one training step, tape and updates included, divided by the ops recorded;
-best of the repeats).  ``lazy.mark_step()`` is asynchronous (as PyTorch/XLA's); "lazy blocking"
-is the same loop with ``lazy.mark_step(wait=True)``.  Samples of the implementations are
-interleaved round by round.
+best of the repeats).  "lazy async" is the same loop with ``lazy.mark_step(wait=False)``
+(PyTorch/XLA's asynchronous barrier).  Samples of the implementations are interleaved round by
+round.
 
 Run: ``.venv/bin/python -m benchmarks lazy_training`` (``--quick`` for fewer repeats).
 """
@@ -100,7 +100,7 @@ def _setups(model, batch, seed=0):
         params = [lazy.Variable(p) for p in init]
         lx, ly = lazy.tensor(x), lazy.tensor(y)
 
-        def step(wait=False):
+        def step(wait=True):
             loss = train_step(forward, params, lx, ly, lazy.GradientTape)
             lazy.mark_step(wait=wait)
             return loss
@@ -150,7 +150,7 @@ def run(quick: bool) -> Report:
         _interleaved(report, case, {"eager": eager(), "tfx_vec.lazy": step,
                                     "tf.function": function(False),
                                     "tf.function(jit)": function(True),
-                                    "lazy blocking": lambda: step(wait=True)}, repeats, inner)
+                                    "lazy async": lambda: step(wait=False)}, repeats, inner)
         us, ops = _recording_us_per_op(params, lx, ly, forward, repeats)
         notes.append(f"{case}: lazy first step (record + compile) {first:.2f} s; recording "
                      f"{us:.2f} us/op over {ops} recorded ops per step")

@@ -47,12 +47,13 @@ __all__ = ["LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "wait",
 _dispatch.install()
 
 
-def mark_step(wait: bool = False) -> None:
+def mark_step(wait: bool = True) -> None:
     """The barrier: compile (or hit the cache) and run everything pending, in one program.
 
-    As PyTorch/XLA's ``mark_step``, a cached program runs asynchronously: the call returns once
-    it is launched and Python records the next step while XLA runs (the run releases the GIL);
-    any use of a result waits for it.  ``wait=True`` blocks until the program has finished.
+    ``wait=False`` runs a cached program asynchronously, as PyTorch/XLA's ``mark_step``: the
+    call returns once it is launched and Python records the next step while XLA runs (the run
+    releases the GIL); any use of a result waits for it.  Blocking is the default: on this
+    project's shared 2-core machine the overlap measured between 0.83x and 1.14x of it.
     """
     _barrier("mark_step", wait_for_results=wait)
     if wait:
