@@ -53,7 +53,7 @@ def mark_step(wait: bool = True) -> None:
     ``wait=False`` runs a cached program asynchronously, as PyTorch/XLA's ``mark_step``: the
     call returns once it is launched and Python records the next step while XLA runs (the run
     releases the GIL); any use of a result waits for it.  Blocking is the default: on this
-    project's shared 2-core machine the overlap measured between 0.83x and 1.14x of it.
+    project's shared 2-core machine the overlap measured between 0.68x and 1.17x of it.
     """
     _barrier("mark_step", wait_for_results=wait)
     if wait:
