@@ -55,7 +55,7 @@ def measure(kernel: NoUTurnSampler, calls: tf.Variable, x0: tf.Tensor, trajector
 
 
 def run(quick: bool) -> Report:
-    batches = [1, 10, 30] if quick else [1, 3, 10, 30, 100, 300]
+    batches = [1, 10, 30] if quick else [1, 3, 10, 30, 100, 300, 1000]
     counts = [1, 10] if quick else [1, 2, 5, 10]
     cov, prec, rng = correlated_gaussian()
     target, calls = _counting_target(prec)
