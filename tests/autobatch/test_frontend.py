@@ -133,3 +133,20 @@ def test_boolean_operators_chained_comparisons_and_keywords():
     y = tf.constant([1, 5, 2, 4, 1, 2])
     np.testing.assert_array_equal(logic(x, y, runtime="local_static"), reference(logic, x, y))
     np.testing.assert_array_equal(logic(x, y), reference(logic, x, y))
+
+
+def test_truthiness_of_non_boolean_predicates():
+    @ab.function
+    def countdown(n, x):
+        k = tf.zeros_like(n)
+        while n:
+            n = n - 1
+            k += 1
+        if x and not n:
+            k = k * 10
+        return k
+
+    n = tf.constant([3, 0, 5, 1])
+    x = tf.constant([1.5, 2.0, 0.0, -1.0])
+    for runtime in ("local_static", "program_counter"):
+        np.testing.assert_array_equal(countdown(n, x, runtime=runtime), reference(countdown, n, x))

@@ -68,21 +68,29 @@ def logical_and(a: Any, b: Any) -> Any:
     """``a and b`` on per-member predicates (both sides already evaluated)."""
     if _is_python_bool(a) and _is_python_bool(b):
         return bool(a) and bool(b)
-    return tf.logical_and(tf.cast(a, tf.bool), tf.cast(b, tf.bool))
+    return tf.logical_and(truth(a), truth(b))
 
 
 def logical_or(a: Any, b: Any) -> Any:
     """``a or b`` on per-member predicates (both sides already evaluated)."""
     if _is_python_bool(a) and _is_python_bool(b):
         return bool(a) or bool(b)
-    return tf.logical_or(tf.cast(a, tf.bool), tf.cast(b, tf.bool))
+    return tf.logical_or(truth(a), truth(b))
 
 
 def logical_not(a: Any) -> Any:
     """``not a`` on a per-member predicate."""
     if _is_python_bool(a):
         return not a
-    return tf.logical_not(tf.cast(a, tf.bool))
+    return tf.logical_not(truth(a))
+
+
+def truth(x: Any) -> Any:
+    """Python truthiness of a per-member predicate (``if n:`` on an int means ``n != 0``)."""
+    if isinstance(x, (bool, int, float)):
+        return bool(x)
+    x = tf.convert_to_tensor(x)
+    return x if x.dtype == tf.bool else tf.not_equal(x, tf.zeros_like(x))
 
 
 def start_like(start: Any, end: Any) -> Any:
@@ -92,7 +100,8 @@ def start_like(start: Any, end: Any) -> Any:
 
 
 _HELPERS = {f"{_PREFIX}and": logical_and, f"{_PREFIX}or": logical_or,
-            f"{_PREFIX}not": logical_not, f"{_PREFIX}start": start_like}
+            f"{_PREFIX}not": logical_not, f"{_PREFIX}start": start_like,
+            f"{_PREFIX}truth": truth}
 
 # }}}
 
@@ -468,7 +477,11 @@ class _FunctionBuilder:
         self._enter(self._new())  # unreachable code after return
 
     def _predicate(self, test: gast.AST) -> str:
-        return self.as_var(self.lift(test), "c")
+        lifted = self.lift(test)
+        if not isinstance(lifted, (gast.Compare, gast.BoolOp)) and not (
+                isinstance(lifted, gast.UnaryOp) and isinstance(lifted.op, gast.Not)):
+            lifted = _helper_call("truth", [lifted], test)
+        return self.as_var(lifted, "c")
 
     def stmt_If(self, s):
         cond = self._predicate(s.test)
