@@ -112,31 +112,5 @@ def compiled(f):
 
 def measure_interleaved(report, case: str, impls: dict, *, items: float, rounds: int,
                         warmup: int = 1) -> None:
-    """Time every implementation of ``case`` in interleaved rounds and add one row each.
-
-    On a shared, noisy machine, alternating the implementations round by round exposes them to
-    the same load, so the ratios are fairer than timing one implementation after the other.
-    An implementation that raises gets no row; the error goes into ``report.notes``.
-    """
-    import statistics
-    from benchmarks.harness import time_fn
-
-    alive, samples = {}, {}
-    for name, fn in impls.items():
-        try:
-            time_fn(fn, repeats=1, warmup=warmup)
-            alive[name], samples[name] = fn, []
-        except Exception as e:  # a peer that cannot run this case
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            report.notes += f"\n{case} {name}: failed ({type(e).__name__}: {first[:160]})"
-    for _ in range(rounds):
-        for name, fn in alive.items():
-            samples[name].append(time_fn(fn, repeats=1, warmup=0).median)
-    for name, s in samples.items():
-        if report.higher_is_better:
-            report.add(case, name, items / statistics.median(s), lo=items / max(s),
-                       hi=items / min(s))
-        else:
-            scale = report._SCALE.get(report.unit, 1.0)
-            report.add(case, name, statistics.median(s) * scale, lo=min(s) * scale,
-                       hi=max(s) * scale)
+    """Round-robin timing of ``impls`` (see ``Report.measure_interleaved``)."""
+    report.measure_interleaved(case, impls, items=items, rounds=rounds, warmup=warmup)

@@ -101,12 +101,42 @@ class Report:
                 **time_kwargs) -> Timing:
         """Time ``fn`` and add a row.  With a throughput unit, ``items`` per call are counted."""
         t = time_fn(fn, **time_kwargs)
+        self._add_timing(case, impl, t, items)
+        return t
+
+    def measure_interleaved(self, case: str, impls: dict[str, Callable[[], Any]], *,
+                            items: float = 1.0, rounds: int = 7, warmup: int = 1,
+                            inner: int = 1) -> dict[str, Timing]:
+        """Time every implementation of ``case`` round-robin and add one row each.
+
+        Each round times every implementation once (``inner`` calls), so load from other jobs
+        on a shared machine hits all of them alike and the ratios stay fair.  An implementation
+        that raises during warm-up gets no row; its error goes into ``notes``.
+        """
+        alive, samples = {}, {}
+        for name, fn in impls.items():
+            try:
+                for _ in range(max(1, warmup)):
+                    _materialize(fn())
+                alive[name], samples[name] = fn, []
+            except Exception as e:  # a peer that cannot run this case
+                first = (str(e).strip().splitlines() or [""])[0]
+                self.notes += f"\n{case} {name}: failed ({type(e).__name__}: {first[:160]})"
+        for _ in range(rounds):
+            for name, fn in alive.items():
+                samples[name].append(time_fn(fn, repeats=1, warmup=0, inner=inner).median)
+        timings = {name: Timing(statistics.median(s), min(s), max(s), len(s), s)
+                   for name, s in samples.items()}
+        for name, t in timings.items():
+            self._add_timing(case, name, t, items)
+        return timings
+
+    def _add_timing(self, case: str, impl: str, t: Timing, items: float) -> None:
         if self.higher_is_better:
             self.add(case, impl, items / t.median, lo=items / t.max, hi=items / t.min)
         else:
             s = self._SCALE.get(self.unit, 1.0)
             self.add(case, impl, t.median * s, lo=t.min * s, hi=t.max * s)
-        return t
 
     def add(self, case: str, impl: str, value: float, *, lo: float | None = None,
             hi: float | None = None, **extra) -> None:

@@ -23,3 +23,24 @@ def test_report_ratio_and_table(tmp_path):
     jpath, _ = r.save(tmp_path)
     data = json.loads(jpath.read_text())
     assert data["ratios"]["case"]["peer"] == 3.0
+
+
+def test_measure_interleaved_rounds_and_failures():
+    calls = {"a": 0, "b": 0}
+
+    def a():
+        calls["a"] += 1
+
+    def b():
+        calls["b"] += 1
+
+    def broken():
+        raise RuntimeError("peer cannot run this case")
+
+    r = Report("inter", unit="items/s", ours="a", higher_is_better=True)
+    t = r.measure_interleaved("c", {"a": a, "b": b, "x": broken}, items=10, rounds=3, warmup=2,
+                              inner=2)
+    assert calls == {"a": 2 + 3 * 2, "b": 2 + 3 * 2}
+    assert set(t) == {"a", "b"} and r.impls() == ["a", "b"]
+    assert "x: failed (RuntimeError: peer cannot run this case)" in r.notes
+    assert r.value("c", "a") == 10 / t["a"].median
