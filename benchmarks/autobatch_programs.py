@@ -24,7 +24,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.harness import Report, _materialize
+from benchmarks.harness import Report
 from tfx_vec import autobatch as ab
 
 OURS = "pc+xla"
@@ -96,20 +96,6 @@ def _python_rate(fn, x: np.ndarray, sample: int) -> float:
     return len(xs) / (time.perf_counter() - t0)
 
 
-def _interleaved(fns: dict, repeats: int) -> dict:
-    """Seconds per call of each fn: the minimum over ``repeats`` rounds, each round timing every
-    fn once in turn, so load spikes on the shared machine hit all implementations alike."""
-    for fn in fns.values():
-        _materialize(fn())
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            _materialize(fn())
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
-
-
 def run(quick: bool) -> Report:
     sizes = [16, 1024] if quick else [1, 16, 256, 1024, 4096]
     repeats = 5 if quick else 9
@@ -140,8 +126,7 @@ def run(quick: bool) -> Report:
             }
             for impl, f in fns.items():
                 np.testing.assert_array_equal(np.asarray(f())[:32], ref[:b], err_msg=impl)
-            for impl, seconds in _interleaved(fns, repeats).items():
-                report.add(case, impl, b / seconds)
+            report.measure_interleaved(case, fns, items=b, rounds=repeats, statistic="min")
             small = x[:min(b, 64)]
             report.measure(case, "local_static",
                            lambda: fn(small, runtime="local_static"),

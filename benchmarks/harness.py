@@ -106,12 +106,13 @@ class Report:
 
     def measure_interleaved(self, case: str, impls: dict[str, Callable[[], Any]], *,
                             items: float = 1.0, rounds: int = 7, warmup: int = 1,
-                            inner: int = 1) -> dict[str, Timing]:
+                            inner: int = 1, statistic: str = "median") -> dict[str, Timing]:
         """Time every implementation of ``case`` round-robin and add one row each.
 
         Each round times every implementation once (``inner`` calls), so load from other jobs
         on a shared machine hits all of them alike and the ratios stay fair.  An implementation
-        that raises during warm-up gets no row; its error goes into ``notes``.
+        that raises during warm-up gets no row; its error goes into ``notes``.  ``statistic``
+        ("median" or "min") picks the sample a row reports; min/max always bound it.
         """
         alive, samples = {}, {}
         for name, fn in impls.items():
@@ -128,15 +129,17 @@ class Report:
         timings = {name: Timing(statistics.median(s), min(s), max(s), len(s), s)
                    for name, s in samples.items()}
         for name, t in timings.items():
-            self._add_timing(case, name, t, items)
+            self._add_timing(case, name, t, items, statistic)
         return timings
 
-    def _add_timing(self, case: str, impl: str, t: Timing, items: float) -> None:
+    def _add_timing(self, case: str, impl: str, t: Timing, items: float,
+                    statistic: str = "median") -> None:
+        seconds = {"median": t.median, "min": t.min}[statistic]
         if self.higher_is_better:
-            self.add(case, impl, items / t.median, lo=items / t.max, hi=items / t.min)
+            self.add(case, impl, items / seconds, lo=items / t.max, hi=items / t.min)
         else:
             s = self._SCALE.get(self.unit, 1.0)
-            self.add(case, impl, t.median * s, lo=t.min * s, hi=t.max * s)
+            self.add(case, impl, seconds * s, lo=t.min * s, hi=t.max * s)
 
     def add(self, case: str, impl: str, value: float, *, lo: float | None = None,
             hi: float | None = None, **extra) -> None:
