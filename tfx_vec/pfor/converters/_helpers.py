@@ -10,7 +10,8 @@ Families (each registers one converter for many op types):
 
 Utilities: :func:`create_op_like` (re-emit an op with new inputs, copying its attrs),
 :func:`shift_axis`, :func:`expand_after_batch`, :func:`fold_batch` / :func:`unfold_batch`
-(``[n, a, ...] <-> [n*a, ...]``), :func:`static_rank`, :func:`static_value`.
+(``[n, a, ...] <-> [n*a, ...]``), :func:`folded_form` / :func:`map_folded` (work on the
+folded value behind an unfolding reshape), :func:`static_rank`, :func:`static_value`.
 
 Example:
     >>> import tfx_vec.pfor.converters._helpers as h
@@ -134,6 +135,11 @@ def static_rank(t: tf.Tensor) -> int | None:
     return t.shape.rank
 
 
+def same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
+    """True when both shapes are fully known and equal (an op that keeps the shape)."""
+    return a.shape.is_fully_defined() and a.shape == b.shape
+
+
 def static_value(t: tf.Tensor) -> np.ndarray | None:
     """The constant value of ``t`` if TF can compute it at graph-construction time."""
     try:
@@ -192,8 +198,16 @@ def expand_after_batch(t: tf.Tensor, k: int) -> tf.Tensor:
 def fold_batch(t: tf.Tensor, k: int = 1) -> tuple[tf.Tensor, tf.Tensor]:
     """``[n, a1..ak, *rest] -> [n*a1*..*ak, *rest]``; returns it and the folded leading shape.
 
-    Static shapes give constant shape operands (fewer ops to trace, XLA-friendly).
+    Static shapes give constant shape operands (fewer ops to trace, XLA-friendly).  When ``t``
+    is itself an unfolding reshape of a folded value (:func:`folded_form`), that value is
+    returned instead of a second reshape: a folded chain (conv -> bias -> relu -> pool -> conv)
+    then stays 4-D, which is what lets grappler fuse it as it does hand-batched code.
     """
+    src = folded_form(t) if k == 1 else None
+    if src is not None:
+        lead = (tf.constant(t.shape.as_list()[:2], tf.int32) if t.shape[:2].is_fully_defined()
+                else tf.shape(t, out_type=tf.int32)[:2])
+        return src, lead
     if t.shape.is_fully_defined():
         dims = t.shape.as_list()
         lead = dims[:k + 1]
@@ -218,6 +232,42 @@ def unfold_batch(t: tf.Tensor, lead: tf.Tensor, lead_static: Sequence[int | None
     if lead_static is not None and t.shape.rank is not None:
         out.set_shape(list(lead_static) + t.shape.as_list()[1:])
     return out
+
+
+def folded_form(t: tf.Tensor) -> tf.Tensor | None:
+    """``X`` when ``t = reshape(X, [n, b, *rest])`` with ``X`` of shape ``[N, *rest]``, else None.
+
+    Such a ``t`` is what :func:`unfold_batch` makes of an op's output on iteration-folded
+    inputs.  Reshapes keep row-major order, so ``fold_batch(t)`` *is* ``X``: taking it needs no
+    op and is exact.  ``rest`` must be statically known and equal on both sides; ``X`` must
+    live in the graph being built.
+    """
+    if tf.executing_eagerly() or not isinstance(t, tf.Tensor) or t.op.type != "Reshape":
+        return None
+    src = t.op.inputs[0]
+    if (src.graph is not tf_ops.get_default_graph() or src.shape.rank is None
+            or t.shape.rank is None or src.shape.rank < 1 or t.shape.rank != src.shape.rank + 1):
+        return None
+    rest = src.shape[1:]
+    if not rest.is_fully_defined() or rest != t.shape[2:]:
+        return None
+    return src
+
+
+def map_folded(t: tf.Tensor, fn: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor | None:
+    """``fn`` applied to the folded form of ``t`` and unfolded again, or None (see
+    :func:`folded_form`).  ``fn`` must act on each ``rest``-shaped row alone and keep shapes
+    (bias add, relu, ...): then ``unfold(fn(X)) == fn(t)`` element for element.
+    """
+    src = folded_form(t)
+    if src is None:
+        return None
+    out = fn(src)
+    if out.shape.rank is not None and out.shape.rank != src.shape.rank:
+        raise ValueError(f"map_folded: fn changed the rank ({src.shape} -> {out.shape})")
+    unfolded = tf.reshape(out, t.op.inputs[1])  # t's own shape operand: no dependency on t
+    unfolded.set_shape(t.shape)
+    return unfolded
 
 
 def move_axis(t: tf.Tensor, src: int, dst: int) -> tf.Tensor:
@@ -252,6 +302,10 @@ def elementwise(*op_types: str) -> None:
     """Register unary ops that act on each element independently."""
 
     def _elementwise(x: ConversionInput):
+        if len(x.inputs) == 1 and same_static_shape(x.op.inputs[0], x.op.outputs[0]):
+            out = map_folded(x.input(0).t, lambda t: create_op_like(x.op, [t])[0])
+            if out is not None:
+                return stacked(out)
         return reemit_stacked(x, [w.t for w in x.inputs])
     _family(op_types, _elementwise)
 
@@ -275,10 +329,35 @@ def align_ranks(x: ConversionInput, indices: Sequence[int] | None = None) -> lis
     return out
 
 
+def _broadcast_on_folded(x: ConversionInput) -> tf.Tensor | None:
+    """One stacked input with a folded form (:func:`folded_form`), invariant inputs that only
+    broadcast over its trailing ``rest`` axes, and an output shaped like that input: run the op
+    on the folded value (e.g. a dense layer's ``matmul + bias`` stays 2-D)."""
+    idx = [i for i, w in enumerate(x.inputs) if w.is_stacked]
+    if len(idx) != 1:
+        return None
+    s = idx[0]
+    if not same_static_shape(x.op.inputs[s], x.op.outputs[0]) or x.op.outputs[0].shape.rank < 2:
+        return None
+    rest_rank = x.op.outputs[0].shape.rank - 1
+    if any(w.t.shape.rank is None or w.t.shape.rank > rest_rank
+           for i, w in enumerate(x.inputs) if i != s):
+        return None
+
+    def emit(folded: tf.Tensor) -> tf.Tensor:
+        inputs = [w.t for w in x.inputs]
+        inputs[s] = folded
+        return create_op_like(x.op, inputs)[0]
+    return map_folded(x.input(s).t, emit)
+
+
 def broadcasting(*op_types: str) -> None:
     """Register n-ary ops with NumPy-style broadcasting of all inputs."""
 
     def _broadcasting(x: ConversionInput):
+        folded = _broadcast_on_folded(x)
+        if folded is not None:
+            return stacked(folded)
         aligned = align_ranks(x)
         if aligned is None:
             return None

@@ -50,7 +50,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
-                                             move_axis, reemit_stacked, stacked, unfold_batch)
+                                             map_folded, move_axis, reemit_stacked, stacked,
+                                             unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
 
@@ -404,8 +405,9 @@ def _bias_add(x: ConversionInput):
     fmt = x.attr("data_format") if x.op_type == "BiasAdd" else b"NHWC"
     channels_first = fmt in (b"NCHW", b"NCDHW")
     if not bias.is_stacked:
-        if not channels_first:
-            return reemit_stacked(x, [value.t, bias.t])  # bias applies to the last axis
+        if not channels_first:  # the bias applies to the last axis: 4-D stays 4-D if folded
+            folded = map_folded(value.t, lambda t: create_op_like(x.op, [t, bias.t])[0])
+            return stacked(folded) if folded is not None else reemit_stacked(x, [value.t, bias.t])
         return fold_emit(x, [0])  # channels-first: the channel axis must stay at 1
     rank = x.op.inputs[0].shape.rank
     if rank is None:
