@@ -36,7 +36,8 @@ from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
 
-__all__ = ["Node", "Program", "canonicalize", "text", "short_dtype", "key_hash"]
+__all__ = ["Node", "Program", "Key", "canonicalize", "text", "short_dtype", "key_hash",
+           "Recording", "RECORDING"]
 
 PARAM_OPS = frozenset({"data", "var", "scalar"})
 LEAF_OPS = frozenset({"data", "var", "scalar", "const"})
@@ -46,7 +47,7 @@ serials = itertools.count()   # creation stamps: a lazy.GradientTape records a w
 class Node:
     """One IR node.  Treat as frozen: construct a new node instead of changing one."""
 
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "sig", "serial",
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "value", "sig", "serial", "pos",
                  "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
@@ -60,6 +61,24 @@ class Node:
         # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
         self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
         self.serial = next(serials) if serial is None else serial
+        if op in LEAF_OPS:
+            self.pos = -1
+            return
+        # Append this op to the recording's structural log (see ``Recording``), inline: it
+        # runs once per recorded op.
+        rec = RECORDING
+        base = rec.base
+        refs = []
+        for x in inputs:
+            p = x.pos
+            if p < base:
+                p = rec.first_sight(x)
+            refs.append(p - base)
+        if serial is not None or op == "grad":  # a rewritten node (old stamp), or a window
+            attrs = rec.window(self, attrs, serial)
+        self.pos = base + len(rec.log)
+        rec.log.append((op, attrs, self.sig, tuple(refs)))
+        rec.nodes.append(self)
 
     @classmethod
     def leaf(cls, op: str, value: Any, attrs: tuple = ()) -> "Node":
@@ -82,6 +101,99 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {id(self):#x} {short_dtype(self.dtype)}{list(self.shape or ())} {self.op}>"
+
+
+class Recording:
+    """The structural log of the ops recorded since the last barrier: the trace cache's key.
+
+    Every non-leaf :class:`Node` appends ``(op, attrs, (shape, dtype), input positions)`` when
+    it is constructed, and every leaf gets a ``("leaf", op, attrs, (shape, dtype))`` entry the
+    first time a logged node (or the barrier, for outputs and assigns) uses it; a node's
+    ``pos`` is its global position (``base`` + index), so inputs are numbered in O(1) without
+    walking the graph.  Two steps whose logs, outputs and assigns are equal record isomorphic
+    graphs, hence the same canonical program with parameters at the same log positions: the
+    barrier can reuse the last :func:`canonicalize` result instead of walking the graph again.
+    ``ok`` turns false when the log cannot prove that (an input recorded before the last
+    barrier, a rewritten node with an old creation stamp); the barrier then canonicalizes.
+    """
+
+    __slots__ = ("base", "log", "nodes", "ok")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.log: list = []
+        self.nodes: list = []
+        self.ok = True
+
+    def first_sight(self, node: "Node") -> int:
+        """The position of ``node`` in this log, logging a leaf on its first use."""
+        if node.pos >= self.base:
+            return node.pos
+        if node.op not in LEAF_OPS:  # pending work recorded before the last barrier
+            self.ok = False
+            return self.base - 1
+        node.pos = self.base + len(self.log)
+        self.log.append(("leaf", node.op, node.attrs, node.sig))
+        self.nodes.append(node)
+        return node.pos
+
+    def window(self, node: "Node", attrs: tuple, serial: int | None) -> tuple:
+        """A ``grad`` node's attrs with its window of creation stamps as log positions."""
+        if serial is not None or node.op != "grad":
+            self.ok = False
+            return attrs
+        n_src, n_og, start, end = attrs
+        bounds = []
+        for stamp in (start, end):
+            bounds.append(next((i for i, n in enumerate(self.nodes)
+                                if n.op not in LEAF_OPS and n.serial >= stamp),
+                               len(self.nodes)))
+        return (n_src, n_og, *bounds)
+
+    def fingerprint(self, outputs: Sequence["Node"],
+                    assigns: Sequence[tuple["Node", "Node"]]) -> tuple | None:
+        """The key of this recording's program in the trace cache (``None``: not provable)."""
+        base = self.base
+        outs = tuple([self.first_sight(n) - base for n in outputs])
+        sets = tuple([(self.first_sight(v) - base, self.first_sight(n) - base)
+                      for v, n in assigns])
+        if not self.ok:
+            return None
+        return (tuple(self.log), outs, sets)
+
+    def params(self, prog: "Program") -> tuple | None:
+        """Log positions of ``prog``'s parameters (data, scalars, variables), in its order."""
+        base = self.base
+        found: tuple = ([], [], [])
+        for node, i in sorted(prog.index.items(), key=lambda item: item[1]):
+            if node.op in PARAM_OPS:
+                if node.pos < base:
+                    return None
+                found[("data", "scalar", "var").index(node.op)].append(node.pos - base)
+        return tuple(tuple(f) for f in found)
+
+    def reset(self) -> None:
+        """Start a new log (called by every barrier)."""
+        self.base += len(self.log) + 1
+        self.log = []
+        self.nodes = []
+        self.ok = True
+
+
+RECORDING = Recording()
+
+
+class Key(tuple):
+    """A program key that computes its (deep) hash once: the compile cache and the trace cache
+    look the same key up several times per step."""
+
+    def __new__(cls, items: tuple) -> "Key":
+        self = super().__new__(cls, items)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 class Program(NamedTuple):
@@ -164,8 +276,8 @@ def canonicalize(outputs: Sequence[Node], assigns: Sequence[tuple[Node, Node]] =
                             tuple([index[x] for x in node.inputs])))
         else:
             entries.append((op, node.attrs, node.sig, tuple([index[x] for x in node.inputs])))
-    key = (tuple(entries), tuple([index[n] for n in outputs]),
-           tuple([(index[v], index[n]) for v, n in assigns]))
+    key = Key((tuple(entries), tuple([index[n] for n in outputs]),
+               tuple([(index[v], index[n]) for v, n in assigns])))
     return Program(key, data, scalars, variables, index)
 
 

@@ -44,19 +44,23 @@ class _Config:
     max_graphs: int | None = None        # total compilations allowed before an error
     cache_size = 128                     # compiled programs kept (LRU)
     max_graph_size = 10000               # nodes recorded before an automatic barrier
+    trace_cache = True                   # reuse canonical programs of repeated recordings
 
 
 CONFIG = _Config()
 _live: list = []                              # weakrefs to LazyTensors created since the barrier
 _pending_vars: dict[int, Any] = {}            # id -> Variable with a substituted value
 _cache: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+_traces: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()  # see _program
+_last_trace: list = [None, None]              # (fingerprint, entry) of the last trace hit
 _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
 _tapes: "weakref.WeakSet" = weakref.WeakSet()  # lazy.GradientTapes that may still differentiate
 
 
 def configure(*, fallback_error: bool | None = None, max_graphs: int | None | str = "keep",
-              cache_size: int | None = None, max_graph_size: int | None = None) -> dict:
+              cache_size: int | None = None, max_graph_size: int | None = None,
+              trace_cache: bool | None = None) -> dict:
     """Set runtime options; returns the current settings.
 
     Args:
@@ -66,6 +70,8 @@ def configure(*, fallback_error: bool | None = None, max_graphs: int | None | st
             have been compiled (``None`` disables the guard); counts from this call.
         cache_size: how many compiled programs the LRU cache keeps.
         max_graph_size: recorded nodes after which a barrier cuts the trace automatically.
+        trace_cache: reuse the canonical program of a step that recorded the same ops as an
+            earlier one, skipping the graph walk at the barrier (on by default).
     """
     if fallback_error is not None:
         CONFIG.fallback_error = bool(fallback_error)
@@ -78,17 +84,25 @@ def configure(*, fallback_error: bool | None = None, max_graphs: int | None | st
         CONFIG.cache_size = cache_size
         while len(_cache) > cache_size:
             _cache.popitem(last=False)
+        while len(_traces) > cache_size:
+            _traces.popitem(last=False)
     if max_graph_size is not None:
         if max_graph_size < 1:
             raise ValueError(f"max_graph_size must be >= 1, got {max_graph_size}")
         CONFIG.max_graph_size = max_graph_size
+    if trace_cache is not None:
+        CONFIG.trace_cache = bool(trace_cache)
     return {"fallback_error": CONFIG.fallback_error, "max_graphs": CONFIG.max_graphs,
-            "cache_size": CONFIG.cache_size, "max_graph_size": CONFIG.max_graph_size}
+            "cache_size": CONFIG.cache_size, "max_graph_size": CONFIG.max_graph_size,
+            "trace_cache": CONFIG.trace_cache}
 
 
 def clear_cache() -> None:
-    """Drop every compiled program (the next barrier of each shape compiles again)."""
+    """Drop every compiled program (the next barrier of each shape compiles again) and every
+    remembered trace."""
     _cache.clear()
+    _traces.clear()
+    _last_trace[:] = [None, None]
 
 
 def register(tensor: Any) -> None:
@@ -171,12 +185,13 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     _pending_vars.clear()
     variables = [v for v in variables if v._node is not v._read]
     if not live and not variables:
+        ir.RECORDING.reset()
         return
     metrics.bump("barriers")
     outputs = list({id(t._node): t._node for t in live}.values())
     assigns = [(v._read, v._node) for v in variables]
     t0 = time.perf_counter()
-    prog = ir.canonicalize(outputs, assigns)
+    prog = _program(outputs, assigns)
     prog.data[:] = [d.get() if type(d) is Pending else d for d in prog.data]
     slot = metrics._timers.setdefault("canonicalize", [0.0, 0])
     slot[0] += time.perf_counter() - t0
@@ -202,6 +217,44 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
         t._node = fresh[id(t._node)]
     for v in variables:
         v._node = v._read
+
+
+def _program(outputs: list, assigns: list) -> ir.Program:
+    """The canonical program under ``outputs`` and ``assigns``, from the trace cache when this
+    step recorded the same op log as an earlier one (then no graph walk, no key building).
+
+    The trace cache maps the recording's fingerprint (``ir.Recording``: every op with its
+    attrs, shape, dtype and input positions, every leaf's kind, shape and dtype, the outputs and
+    assigns) to the canonical key and the log positions of its parameters.  Equal fingerprints
+    are compared in full by the dict, so a hit is never a different graph.
+    """
+    rec = ir.RECORDING
+    try:
+        fp = rec.fingerprint(outputs, assigns) if CONFIG.trace_cache else None
+        if fp is not None and fp == _last_trace[0]:  # a loop repeats its step: equality
+            hit = _last_trace[1]                         # short-cuts on shared objects, a
+        else:                                            # dict lookup hashes the whole log
+            hit = _traces.get(fp) if fp is not None else None
+            if hit is not None:
+                _traces.move_to_end(fp)
+                _last_trace[:] = [fp, hit]
+        if hit is not None:
+            metrics.bump("trace_hits")
+            key, (data, scalars, variables) = hit
+            nodes = rec.nodes
+            return ir.Program(key, [nodes[i].value for i in data],
+                              [nodes[i].value for i in scalars],
+                              [nodes[i].value for i in variables], {})
+        prog = ir.canonicalize(outputs, assigns)
+        if fp is not None:
+            params = rec.params(prog)
+            if params is not None:
+                _traces[fp] = (prog.key, params)
+                while len(_traces) > CONFIG.cache_size:
+                    _traces.popitem(last=False)
+        return prog
+    finally:
+        rec.reset()
 
 
 def _run_async(fn: Any, prog: ir.Program, scalars: tf.Tensor, where: str) -> list:
