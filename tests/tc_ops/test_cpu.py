@@ -90,6 +90,9 @@ def test_cpu_strategy_in_the_generated_code():
     src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)])
     assert outs == [("C", (256, 128), np.dtype(f32))]
     assert src.index("#pragma omp parallel for") < src.index("_c0 += 32")
+    assert "register-blocked S0" in src and "tc_pk0[" in src   # packed B tile, see test_cpu_blocking
+    src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
+                          tc.MappingOptions.default_for().replace(tile=(32, 32, 32), block=False))
     assert "#pragma omp simd reduction(+:tc_acc)" in src                  # remainder loop
     assert "reduction(+:tc_acc0, tc_acc1, tc_acc2, tc_acc3)" in src       # 4 columns jammed
     naive, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
@@ -102,7 +105,7 @@ def test_cpu_strategy_in_the_generated_code():
     # the reduction loop isl peels between init and relu still accumulates in a vector register
     src, _ = cpu.generate(BY_NAME["fcrelu"].source, "fcrelu",
                           [((256, 512), f32), ((64, 512), f32), ((64,), f32)],
-                          tc.MappingOptions(tile=(32, 32)))
+                          tc.MappingOptions(tile=(32, 32), block=False))
     assert "reduction(+:tc_acc)" in src
 
 
@@ -117,9 +120,13 @@ def test_short_reductions_run_around_a_vector_loop():
     assert lines[k - 2] == "#pragma omp simd"
     # a long reduction keeps the dot-product form; so does a short one whose parallel index is
     # not the last subscript everywhere (tmm's n in B(n, kk): a vector loop over n would gather)
+    # (by default both become the register-blocked kernel over a packed B tile instead)
     for k in (512, 32):
-        src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((64, k), f32), ((64, k), f32)])
+        shapes = [((64, k), f32), ((64, k), f32)]
+        src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", shapes,
+                              tc.MappingOptions.default_for().replace(tile=(32,) * 3, block=False))
         assert "reduction(+:tc_acc" in src
+        assert "register-blocked" in cpu.generate(BY_NAME["tmm"].source, "tmm", shapes)[0]
 
 
 def test_several_outputs_return_a_tuple_and_shapes_are_inferred():

@@ -67,6 +67,9 @@ class MappingOptions:
         vectorize: CPU: ``#pragma omp simd`` on innermost coincident loops, vector
             accumulators and unroll-and-jam for innermost reductions, short reductions moved
             outside a unit-stride vector loop.
+        block: CPU, with ``vectorize``: two parallel loops around an innermost ``+=``
+            reduction (tiled tmm/matmul point loops) become a register-blocked outer-product
+            kernel over a packed copy of the reused operand tile (``CPrinter.emit_blocked``).
     """
 
     tile: tuple[int, ...] = ()
@@ -80,6 +83,7 @@ class MappingOptions:
     fix_parameters_before_scheduling: bool = True
     parallel: int = 1
     vectorize: bool = True
+    block: bool = True
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -89,7 +93,7 @@ class MappingOptions:
         set_("map_to_blocks", _int_tuple("map_to_blocks", self.map_to_blocks,
                                          allow_empty=False, max_len=3))
         for name in ("use_shared_memory", "use_private_memory", "unroll_copy_shared",
-                     "fix_parameters_before_scheduling", "vectorize"):
+                     "fix_parameters_before_scheduling", "vectorize", "block"):
             if not isinstance(getattr(self, name), bool):
                 raise TcOptionsError(f"MappingOptions.{name}: expected a bool, "
                                      f"got {getattr(self, name)!r}")

@@ -100,8 +100,10 @@ class CPrinter:
     def kernel_source(self, schedule: isl.Schedule) -> str:
         """The whole translation unit for ``schedule`` (annotated or not)."""
         ast = build_ast(self.k, schedule)
+        self._vector_types: dict[str, tuple[str, int]] = {}
         body = self.emit_node(ast, 1)
-        lines = [self.emit_header(), self.prelude, self.emit_signature() + " {"]
+        lines = [self.emit_header(), self.prelude, *self.emit_vector_types(),
+                 self.emit_signature() + " {"]
         if self.parallel_setup and self.pragma_parallel and any(
                 self.pragma_parallel in x for x in body):
             lines.append("  " + self.parallel_setup)
@@ -210,6 +212,11 @@ class CPrinter:
             acc = self.emit_reduction_loop(body, it, header, ind)
             if acc is not None:
                 return acc
+        if mark == MARK_SIMD and self.options.vectorize and self.options.block and \
+                self.vector_bytes and self.pragma_simd:
+            blocked = self.emit_blocked(node, ind)
+            if blocked is not None:
+                return blocked
         if mark == MARK_SIMD and self.options.vectorize and self.jam > 1:
             jammed = self.emit_jammed(node, ind)
             if jammed is not None:
@@ -274,16 +281,9 @@ class CPrinter:
 
         None when the pattern does not apply."""
         it = node.for_get_iterator().to_C_str()
-        cond = node.for_get_cond()
-        if node.for_get_inc().to_C_str() != "1" or cond.get_type() != isl.ast_expr_type.op:
+        last = _loop_last(node)
+        if last is None:
             return None
-        op = cond.op_get_type()
-        if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
-                cond.op_get_arg(0).to_C_str() != it:
-            return None
-        last = cond.op_get_arg(1).to_C_str()
-        if op == isl.ast_expr_op_type.lt:
-            last = f"({last}) - 1"
         leaves = _flatten(node.for_get_body())
         loops = [n for n in leaves if n.get_type() == isl.ast_node_type.for_]
         if len(loops) != 1 or any(not _is_innermost(n) for n in leaves if n is not loops[0]):
@@ -335,6 +335,178 @@ class CPrinter:
         out += self.emit_node(node.for_get_body(), ind + 2)
         out += [f"{pad}  }}", f"{pad}}}"]
         return out
+
+    # -- register-blocked contraction micro-kernel -----------------------------------------
+    # GCC/Clang vector-extension width in bytes (0 disables the micro-kernel), the number of
+    # vector accumulators a block keeps in registers, and the bytes of one packed operand chunk
+    vector_bytes = 64
+    block_accumulators = 8
+    pack_bytes = 16384
+
+    def emit_vector_types(self) -> list[str]:
+        """typedefs and unaligned load/store helpers of the vector types the body used."""
+        out = []
+        for name, (t, nbytes) in sorted(self._vector_types.items()):
+            out += [f"typedef {t} {name} __attribute__((vector_size({nbytes})));",
+                    f"static inline {name} {name}_ld(const {t} *p) "
+                    f"{{ {name} v; __builtin_memcpy(&v, p, sizeof v); return v; }}",
+                    f"static inline void {name}_st({t} *p, {name} v) "
+                    f"{{ __builtin_memcpy(p, &v, sizeof v); }}"]
+        return out
+
+    def emit_blocked(self, node: isl.AstNode, ind: int) -> list[str] | None:
+        """Two coincident loops ``i1 { i2 { ...; r { update } ...} }`` around one innermost
+        ``+=`` reduction over ``r``, printed as a register-blocked outer-product kernel: the
+        reads that move with ``i2`` but not ``i1`` (the reused operand tile, e.g. tmm's
+        ``B(n,kk)``) are packed once per chunk of ``r`` into a local ``[r][i2]`` buffer (the CPU
+        analogue of shared-memory promotion), and each block of ``U`` ``i1`` iterations keeps
+        ``U x extent(i2)`` sums in vector registers: per ``r`` step, one vector load per packed
+        operand, one broadcast per ``i1`` row and ``U * extent(i2) / lanes`` FMAs.
+
+        Legal because ``i1`` and ``i2`` are coincident: different ``(i1, i2)`` instances are
+        independent, so the statements before/after the reduction can run for the whole tile
+        first/last, and ``r`` can be chunked outside ``i1`` (each sum still adds its terms in
+        ``r`` order).  None when the pattern does not apply (``i2``'s extent must be a constant
+        multiple of a vector).
+        """
+        it1, last1 = node.for_get_iterator().to_C_str(), _loop_last(node)
+        mark2, l2 = _unmark(node.for_get_body())
+        if last1 is None or mark2 != MARK_SIMD or l2.get_type() != isl.ast_node_type.for_:
+            return None
+        it2, last2 = l2.for_get_iterator().to_C_str(), _loop_last(l2)
+        init2 = l2.for_get_init().to_C_str()
+        if last2 is None or not (init2.lstrip("-").isdigit() and last2.lstrip("-").isdigit()):
+            return None
+        leaves = _flatten(l2.for_get_body())
+        loops = [n for n in leaves if n.get_type() == isl.ast_node_type.for_]
+        if len(loops) != 1 or any(not _is_innermost(n) for n in leaves if n is not loops[0]):
+            return None
+        red = loops[0]
+        rit, rlast = red.for_get_iterator().to_C_str(), _loop_last(red)
+        parts = self._reduction_parts(red.for_get_body(), rit)
+        if parts is None or rlast is None:
+            return None
+        st, bind = parts
+        s, t = st.tc.stmt, st.tc.dtype
+        rinit = red.for_get_init().to_C_str()
+        if s.op != "+=" or t not in ("float", "double") or any(
+                _mentions_word(rinit + " " + rlast, i) for i in (it1, it2)) or any(
+                isinstance(x, A.Call) and x.name == s.lhs for x in A.walk(s.rhs)):
+            return None
+        moves = {i: {v for v in st.vars if _mentions_word(bind[v], i)} for i in (it1, it2)}
+        if not all(moves[i] & set(st.tc.lhs_vars) for i in (it1, it2)):
+            return None
+        packed: dict[str, A.Call] = {}
+        if not self._vector_form(s.rhs, moves[it1], moves[it2], t, packed) or not packed:
+            return None
+        tsize = 4 if t == "float" else 8
+        n2 = int(last2) - int(init2) + 1
+        nbytes = next((b for b in (self.vector_bytes, 32, 16) if (n2 * tsize) % b == 0), 0)
+        nv = n2 * tsize // nbytes if nbytes else 0
+        if not nbytes or nv > self.block_accumulators:
+            return None
+        lanes, U = nbytes // tsize, max(1, self.block_accumulators // nv)
+        vt = f"tc_v{lanes}{t[0]}"
+        self._vector_types[vt] = (t, nbytes)
+        kc = max(1, self.pack_bytes // (n2 * tsize * len(packed)))
+        if rinit.lstrip("-").isdigit() and rlast.lstrip("-").isdigit():
+            kc = min(kc, int(rlast) - int(rinit) + 1)
+        ct, pad = self.ctype(t), "  " * ind
+        al = "__attribute__((aligned(64)))"
+        lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
+
+        def binds(vars_) -> str:
+            return " ".join(f"const int {c_name(v)} = {bind[v]};" for v in vars_)
+
+        lhs_binds = binds(st.tc.lhs_vars)
+        tile = [f"for (int {it1} = {node.for_get_init().to_C_str()}; {it1} <= {last1}; "
+                f"{it1} += 1)", f"for (int {it2} = {init2}; {it2} <= {last2}; {it2} += 1)"]
+
+        def over_tile(leaves_) -> list[str]:
+            if not leaves_:
+                return []
+            out = [f"{pad}  {tile[0]} {tile[1]} {{"]
+            for leaf in leaves_:
+                out += self.emit_node(leaf, ind + 2)
+            return out + [f"{pad}  }}"]
+
+        def block(u_n: int, p: str) -> list[str]:
+            rows = f"for (int tc_u = 0; tc_u < {u_n}; tc_u += 1) " + tile[1]
+            acc = [(u, v) for u in range(u_n) for v in range(nv)]
+            out = [f"{p}{{ {ct} tc_cb[{u_n}][{n2}] {al};",
+                   f"{p}  {rows} {{ const int {it1} = tc_b + tc_u; {lhs_binds} "
+                   f"tc_cb[tc_u][{it2} - {init2}] = {lhs}; }}"]
+            out += [f"{p}  {vt} tc_a{u}_{v} = {vt}_ld(&tc_cb[{u}][{v * lanes}]);"
+                    for u, v in acc]
+            out.append(f"{p}  for (int {rit} = tc_rc; {rit} < tc_rc + tc_rn; {rit} += 1) {{")
+            for j in range(len(packed)):
+                out += [f"{p}    const {vt} tc_q{j}_{v} = "
+                        f"{vt}_ld(&tc_pk{j}[{rit} - tc_rc][{v * lanes}]);" for v in range(nv)]
+            for u in range(u_n):
+                out.append(f"{p}    {{ const int {it1} = tc_b + {u}; "
+                           f"{binds(v for v in st.vars if v not in moves[it2])}")
+                out += [f"{p}      tc_a{u}_{v} += {self._vector_expr(s.rhs, packed, v, ct)};"
+                        for v in range(nv)]
+                out.append(f"{p}    }}")
+            out.append(f"{p}  }}")
+            out += [f"{p}  {vt}_st(&tc_cb[{u}][{v * lanes}], tc_a{u}_{v});" for u, v in acc]
+            out += [f"{p}  {rows} {{ const int {it1} = tc_b + tc_u; {lhs_binds} "
+                    f"{lhs} = tc_cb[tc_u][{it2} - {init2}]; }}", f"{p}}}"]
+            return out
+
+        red_at = next(i for i, n in enumerate(leaves) if n is red)
+        out = [f"{pad}{{ /* {U}x{n2} register-blocked {st.name}, {len(packed)} packed operand(s) */"]
+        out += over_tile(leaves[:red_at])
+        out += [f"{pad}  {ct} tc_pk{j}[{kc}][{n2}] {al};" for j in range(len(packed))]
+        out.append(f"{pad}  for (int tc_rc = {rinit}; tc_rc <= {rlast}; tc_rc += {kc}) {{")
+        out.append(f"{pad}    const int tc_rn = min({kc}, ({rlast}) - tc_rc + 1);")
+        pack_binds = binds(v for v in st.vars if v not in moves[it1])
+        for j, call in enumerate(packed.values()):
+            out.append(f"{pad}    for (int {rit} = tc_rc; {rit} < tc_rc + tc_rn; {rit} += 1) "
+                       f"{tile[1]} {{ {pack_binds} "
+                       f"tc_pk{j}[{rit} - tc_rc][{it2} - {init2}] = {self.expr(call)}; }}")
+        out.append(f"{pad}    int tc_b = {node.for_get_init().to_C_str()};")
+        out.append(f"{pad}    for (; tc_b + {U - 1} <= {last1}; tc_b += {U})")
+        out += block(U, pad + "      ")
+        if U > 1:
+            out.append(f"{pad}    for (; tc_b <= {last1}; tc_b += 1)")
+            out += block(1, pad + "      ")
+        out.append(f"{pad}  }}")
+        out += over_tile(leaves[red_at + 1:])
+        return out + [f"{pad}}}"]
+
+    def _vector_form(self, e: A.Expr, v1: set, v2: set, t: str, packed: dict) -> bool:
+        """Can ``e`` be evaluated as a vector over ``i2``?  Sub-expressions that do not move
+        with ``i2`` (no variable of ``v2``) stay scalars (broadcast); tensor reads of type
+        ``t`` that move with ``i2`` but not ``i1`` are collected in ``packed``; arithmetic
+        (+ - * /) combines them.  Anything else moving with ``i2`` (a builtin, a cast, a read
+        that also moves with ``i1``, the index value itself) is not vectorisable."""
+        uses = {x.name for x in A.walk(e) if isinstance(x, A.Ident)}
+        if not uses & v2:
+            return True
+        if isinstance(e, A.Binary) and e.op in "+-*/" and \
+                (e.op != "/" or is_float(self.cdef.types.get(id(e), "float"))):
+            return all(self._vector_form(x, v1, v2, t, packed) for x in (e.lhs, e.rhs))
+        if isinstance(e, A.Unary) and e.op in "+-":
+            return self._vector_form(e.operand, v1, v2, t, packed)
+        if isinstance(e, A.Call) and e.name in self.cdef.tensors and not uses & v1 and \
+                self.cdef.tensors[e.name].dtype == t and self.shapes[e.name]:
+            packed.setdefault(self.expr(e), e)
+            return True
+        return False
+
+    def _vector_expr(self, e: A.Expr, packed: dict, v: int, ct: str) -> str:
+        """C text of ``e`` (accepted by :meth:`_vector_form`) for vector ``v`` of the block."""
+        if isinstance(e, A.Call) and e.name in self.cdef.tensors:
+            text = self.expr(e)
+            if text in packed:
+                return f"tc_q{list(packed).index(text)}_{v}"
+        if isinstance(e, A.Binary) and e.op in "+-*/":
+            return f"({self._vector_expr(e.lhs, packed, v, ct)} {e.op} " \
+                   f"{self._vector_expr(e.rhs, packed, v, ct)})"
+        if isinstance(e, A.Unary) and e.op in "+-":
+            return f"({e.op}{self._vector_expr(e.operand, packed, v, ct)})"
+        return f"(({ct})({self.expr(e)}))"      # a scalar: broadcast by the vector operator
 
     # OpenMP's dynamic mode lets the runtime use fewer threads when the load average says the
     # cores are busy: on an oversubscribed machine a barrier otherwise waits for a descheduled
@@ -489,6 +661,31 @@ class CPrinter:
 
 def _mentions_word(text: str, name: str) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def _loop_last(node: isl.AstNode) -> str | None:
+    """The last value of a unit-step ``for (it = ...; it <= X / it < X; ...)``, else None."""
+    it = node.for_get_iterator().to_C_str()
+    cond = node.for_get_cond()
+    if node.for_get_inc().to_C_str() != "1" or cond.get_type() != isl.ast_expr_type.op:
+        return None
+    op = cond.op_get_type()
+    if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
+            cond.op_get_arg(0).to_C_str() != it:
+        return None
+    last = cond.op_get_arg(1).to_C_str()
+    if op == isl.ast_expr_op_type.lt:
+        last = str(int(last) - 1) if last.lstrip("-").isdigit() else f"({last}) - 1"
+    return last
+
+
+def _unmark(node: isl.AstNode) -> tuple[str | None, isl.AstNode]:
+    """(name of the innermost mark wrapping ``node``, the node under the marks)."""
+    name = None
+    while node.get_type() == isl.ast_node_type.mark:
+        name = node.mark_get_id().get_name()
+        node = node.mark_get_node()
+    return name, node
 
 
 def _flatten(node: isl.AstNode) -> list:
