@@ -125,6 +125,10 @@ def test_kernel_protocol():
     b, _ = kernel.one_step(x, r)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(np.asarray(r1.seed), np.asarray(r.seed))
+    # copy() keeps compiled programs unless a parameter the program is built from changes.
+    more = kernel.copy(num_trajectories_per_step=3)
+    assert more._programs is kernel._programs and more.num_trajectories_per_step == 3
+    assert kernel.copy(max_tree_depth=4)._programs is not kernel._programs
 
 
 @pytest.mark.parametrize("make, message", [
