@@ -462,8 +462,14 @@ class CPrinter:
         out.append(f"{pad}    const int tc_rn = min({kc}, ({rlast}) - tc_rc + 1);")
         pack_binds = binds(v for v in st.vars if v not in moves[it1])
         for j, call in enumerate(packed.values()):
-            out.append(f"{pad}    for (int {rit} = tc_rc; {rit} < tc_rc + tc_rn; {rit} += 1) "
-                       f"{tile[1]} {{ {pack_binds} "
+            # copy loops in the source's order: the innermost one walks the read's last
+            # subscript, so the (large) source is read contiguously, the (L1) buffer written
+            # strided -- tmm's B(n, kk) is transposed row by row
+            r_loop = f"for (int {rit} = tc_rc; {rit} < tc_rc + tc_rn; {rit} += 1)"
+            last_vars = {x.name for x in A.walk(call.args[-1]) if isinstance(x, A.Ident)}
+            r_last = any(_mentions_word(bind[v], rit) for v in last_vars if v in bind)
+            loops = f"{tile[1]} {r_loop}" if r_last else f"{r_loop} {tile[1]}"
+            out.append(f"{pad}    {loops} {{ {pack_binds} "
                        f"tc_pk{j}[{rit} - tc_rc][{it2} - {init2}] = {self.expr(call)}; }}")
         out.append(f"{pad}    int tc_b = {node.for_get_init().to_C_str()};")
         out.append(f"{pad}    for (; tc_b + {U - 1} <= {last1}; tc_b += {U})")
