@@ -7,8 +7,9 @@ variables and tape, ``lazy.mark_step()`` after the step, warm cache); ``tf.funct
 Also reported: the lazy first-step time (recording + compile) and the recording cost per op
 (the time to record one training step, tape and updates included, divided by the ops recorded;
 best of the repeats).  "lazy async" is the same loop with ``lazy.mark_step(wait=False)``
-(PyTorch/XLA's asynchronous barrier).  Samples of the implementations are interleaved round by
-round.
+(PyTorch/XLA's asynchronous barrier); "lazy, no trace cache" the blocking loop with
+``lazy.configure(trace_cache=False)``, so the trace cache's gain is measured in the same run.
+Samples of the implementations are interleaved round by round.
 
 Run: ``.venv/bin/python -m benchmarks lazy_training`` (``--quick`` for fewer repeats).
 """
@@ -123,6 +124,15 @@ def _recording_us_per_op(params, lx, ly, forward, repeats):
     return best * 1e6, ops
 
 
+def _untraced(step):
+    """A blocking lazy step with the trace cache off (the barrier canonicalizes the graph)."""
+    lazy.configure(trace_cache=False)
+    try:
+        return step()
+    finally:
+        lazy.configure(trace_cache=True)
+
+
 def _interleaved(report: Report, case: str, fns: dict, rounds: int, inner: int) -> None:
     """One timed sample of ``inner`` calls per implementation per round, rounds interleaved, so
     load from other jobs on this shared machine hits every implementation alike."""
@@ -150,12 +160,15 @@ def run(quick: bool) -> Report:
         _interleaved(report, case, {"eager": eager(), "tfx_vec.lazy": step,
                                     "tf.function": function(False),
                                     "tf.function(jit)": function(True),
-                                    "lazy async": lambda: step(wait=False)}, repeats, inner)
+                                    "lazy async": lambda: step(wait=False),
+                                    "lazy, no trace cache": lambda: _untraced(step)},
+                     repeats, inner)
         us, ops = _recording_us_per_op(params, lx, ly, forward, repeats)
         notes.append(f"{case}: lazy first step (record + compile) {first:.2f} s; recording "
                      f"{us:.2f} us/op over {ops} recorded ops per step")
     m = lazy.metrics()
     notes.append(f"lazy metrics: compiles={m.get('compiles', 0)} cache_hits="
-                 f"{m.get('cache_hits', 0)} executions={m.get('executions', 0)}")
+                 f"{m.get('cache_hits', 0)} trace_hits={m.get('trace_hits', 0)} "
+                 f"executions={m.get('executions', 0)}")
     report.notes = "\n".join(notes)
     return report

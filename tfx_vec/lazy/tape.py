@@ -111,7 +111,7 @@ class GradientTape:
         memo: dict[int, Node] = {}
         t_node = self._symbolic(target._node, memo)
         ancestors = _ancestors(t_node, start, end)
-        flat = tf.nest.flatten(sources)
+        flat = _flatten(sources)
         picked, nodes = [], []
         for k, s in enumerate(flat):
             if not isinstance(s, LazyTensor):
@@ -135,7 +135,20 @@ class GradientTape:
                 results[k] = LazyTensor(Node("out", (g,), (j,), n.shape, n.dtype))
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
             results = [r if r is not None else tf.zeros_like(s) for r, s in zip(results, flat)]
-        return tf.nest.pack_sequence_as(sources, results)
+        return _pack(sources, results)
+
+
+def _flat_sequence(nest: Any) -> bool:
+    """A plain list or tuple of tensors: ``tf.nest`` would cost more than the gradient."""
+    return type(nest) in (list, tuple) and all(isinstance(x, LazyTensor) for x in nest)
+
+
+def _flatten(nest: Any) -> list:
+    return list(nest) if _flat_sequence(nest) else tf.nest.flatten(nest)
+
+
+def _pack(nest: Any, flat: list) -> Any:
+    return type(nest)(flat) if _flat_sequence(nest) else tf.nest.pack_sequence_as(nest, flat)
 
 
 def _ancestors(root: Node, start: int, end: int) -> set:

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import metrics, runtime
-from tensorflow.python.eager.context import executing_eagerly as _executing_eagerly
+from tensorflow.python.eager import context as _tf_context
 
 from .errors import LazyError, LazyShapeError
 from .ir import Node
@@ -48,7 +48,10 @@ class LazyTensor:
     __array_priority__ = 100  # numpy defers ``ndarray + lazy`` to our reflected operators
 
     def __init__(self, node: Node):
-        if not _executing_eagerly():
+        # tf.executing_eagerly() inlined (what TF's generated op wrappers do): this runs once
+        # per recorded op and the function call was a tenth of the recording time.
+        ctx = _tf_context._context or _tf_context.context()
+        if not ctx._thread_local_data.is_eager:
             raise LazyError("lazy tensors are for eager code: an op on a lazy tensor was called "
                             f"while tracing a tf.function or graph (at {runtime.user_frame()}); "
                             "convert with lazy.to_tensor() before entering it")
