@@ -157,11 +157,13 @@ def run(quick: bool) -> Report:
         t0 = time.perf_counter()
         float(step())
         first = time.perf_counter() - t0
+        # "lazy async" last: its final program may still run when the next sample starts,
+        # and the next is eager's (which does not wait for it), not another lazy one.
         _interleaved(report, case, {"eager": eager(), "tfx_vec.lazy": step,
+                                    "lazy, no trace cache": lambda: _untraced(step),
                                     "tf.function": function(False),
                                     "tf.function(jit)": function(True),
-                                    "lazy async": lambda: step(wait=False),
-                                    "lazy, no trace cache": lambda: _untraced(step)},
+                                    "lazy async": lambda: step(wait=False)},
                      repeats, inner)
         us, ops = _recording_us_per_op(params, lx, ly, forward, repeats)
         notes.append(f"{case}: lazy first step (record + compile) {first:.2f} s; recording "

@@ -74,10 +74,12 @@ class Node:
             if p < base:
                 p = rec.first_sight(x)
             refs.append(p - base)
+        refs = tuple(refs)
         if serial is not None or op == "grad":  # a rewritten node (old stamp), or a window
             attrs = rec.window(self, attrs, serial)
-        self.pos = base + len(rec.log)
-        rec.log.append((op, attrs, self.sig, tuple(refs)))
+        log = rec.log
+        self.pos = base + len(log)
+        log.append((op, attrs, self.sig, refs))
         rec.nodes.append(self)
 
     @classmethod

@@ -119,7 +119,7 @@ class GradientTape:
                     f"source {k} must be a lazy tensor or lazy.Variable, got {type(s).__name__}")
             n = self._symbolic(s._node, memo)
             watched = id(n) in self._watched or id(s._node) in self._watched or (
-                isinstance(s, Variable) and s.trainable and self._auto_watch)
+                isinstance(s, Variable) and s._trainable and self._auto_watch)
             if watched and n in ancestors:
                 picked.append(k)
                 nodes.append(n)

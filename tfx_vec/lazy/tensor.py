@@ -154,26 +154,33 @@ def _operator(name: str, reflected: bool = False, logical: str | None = None):
     layout = tuple((p, -1) for p in op.tensors)
     base = (op.name, layout, ())
 
+    def node(a: Node, other: Any) -> Node | None:
+        """The fast path: the result node when ``other`` is lazy or a Python number and the
+        output spec is cached (``None``: go through :func:`record`)."""
+        if isinstance(other, LazyTensor):
+            b = other._node
+        elif type(other) in _PY_NUMBER:
+            b = _number(other, op.scalars, a.dtype)
+        else:
+            return None
+        if reflected:
+            a, b = b, a
+        spec = _spec_cache.get(base + (a.sig if a.op != "const" else a.attrs,
+                                       b.sig if b.op != "const" else b.attrs))
+        if spec is None or spec.structure is not None:
+            return None
+        _counters["ops_recorded"] += 1
+        shape, dtype = spec.flat[0]
+        return Node(op.name, (a, b), (layout, ()), shape, dtype)
+
     def method(self, other):
         chosen = logical_op if logical_op is not None and self.dtype == tf.bool else op
-        if chosen is op:  # fast path: both operands are lazy or a Python number, spec cached
-            a = self._node
-            if isinstance(other, LazyTensor):
-                b = other._node
-            elif type(other) in _PY_NUMBER:
-                b = _number(other, op.scalars, a.dtype)
-            else:
-                b = None
-            if b is not None:
-                if reflected:
-                    a, b = b, a
-                spec = _spec_cache.get(base + (a.sig if a.op != "const" else a.attrs,
-                                               b.sig if b.op != "const" else b.attrs))
-                if spec is not None and spec.structure is None:
-                    _counters["ops_recorded"] += 1
-                    shape, dtype = spec.flat[0]
-                    return LazyTensor(Node(op.name, (a, b), (layout, ()), shape, dtype))
+        if chosen is op:
+            n = node(self._node, other)
+            if n is not None:
+                return LazyTensor(n)
         return record(chosen, (other, self) if reflected else (self, other), {})
+    method.node = node
     return method
 
 
@@ -218,13 +225,14 @@ class Variable(LazyTensor):
         [11.0, 12.0]
     """
 
-    __slots__ = ("_var", "_read")
+    __slots__ = ("_var", "_read", "_trainable")
 
     def __init__(self, initial_value: Any, dtype: tf.DType | None = None,
                  trainable: bool = True, name: str | None = None):
         if isinstance(initial_value, LazyTensor):
             initial_value = value(initial_value, "Variable()")
         self._var = tf.Variable(initial_value, dtype=dtype, trainable=trainable, name=name)
+        self._trainable = self._var.trainable  # fixed; read per source by every gradient
         self._read = Node.leaf("var", self._var)
         self._node = self._read
 
@@ -243,7 +251,7 @@ class Variable(LazyTensor):
 
     @property
     def trainable(self) -> bool:
-        return self._var.trainable
+        return self._trainable
 
     def read_value(self) -> LazyTensor:
         """The current value as a lazy tensor (later ``assign``s do not change it)."""
@@ -272,9 +280,11 @@ class Variable(LazyTensor):
         if not isinstance(delta, LazyTensor):
             delta = tensor(tf.convert_to_tensor(delta, dtype=self.dtype))
         self._check(delta._node, what)  # like tf.Variable: no broadcasting of the delta
-        new = LazyTensor.__add__(self, delta) if op == "math.add" else \
-            LazyTensor.__sub__(self, delta)  # the operators' fast path
-        self._node = new._node
+        method = LazyTensor.__add__ if op == "math.add" else LazyTensor.__sub__
+        # The operators' fast path, without a lazy tensor for the sum: only the variable
+        # holds it (and the barrier has one dead weak reference less to skip).
+        new = method.node(self._node, delta)
+        self._node = new if new is not None else method(self, delta)._node
         runtime.mark_variable(self)
         return self
 
