@@ -11,6 +11,7 @@ Implementations, same data and step size, one process:
 * ``tfx_vec pc+xla`` (ours): tfx_vec NUTS, program-counter runtime, one XLA program per step.
 * ``tfx_vec pc+xla T=5``: the same with ``num_trajectories_per_step=5`` (Figure 7: the batch
   synchronizes on gradients, not on trajectory boundaries).
+* ``tfx_vec pc+xla T=5 sweep``: the same with ``scheduler="sweep_guarded"``.
 * ``tfx_vec local_static``: eager, recursion through Python.
 * ``tfx_vec hybrid``: local static with each basic block compiled by XLA.
 * ``unbatched eager``: the same Python NUTS run directly, one chain at a time.
@@ -84,9 +85,9 @@ def _per_step(prev, new) -> int:
     return int(np.sum(new.leapfrogs_taken))
 
 
-def _ours(target, step_size, runtime, jit, trajectories=1):
+def _ours(target, step_size, runtime, jit, trajectories=1, scheduler="earliest"):
     kernel = NoUTurnSampler(target, step_size=step_size, runtime=runtime,
-                            num_trajectories_per_step=trajectories)
+                            num_trajectories_per_step=trajectories, scheduler=scheduler)
     one = kernel.one_step
     if jit:
         one = tf.function(one, jit_compile=True)
@@ -112,6 +113,10 @@ IMPLS = {
     OURS: (_ours, "program_counter", True),
     # Figure 7's setting: 5 trajectories per step, batched across trajectory boundaries.
     "tfx_vec pc+xla T=5": (functools.partial(_ours, trajectories=5), "program_counter", True),
+    # ... and the sweep_guarded block scheduler (fewer loop steps than earliest-block).
+    "tfx_vec pc+xla T=5 sweep": (functools.partial(_ours, trajectories=5,
+                                                   scheduler="sweep_guarded"),
+                                 "program_counter", True),
     "tfx_vec local_static": (_ours, "local_static", False),
     "tfx_vec hybrid": (_ours, "hybrid", False),
     "unbatched eager": (_ours, "python", False),
@@ -160,7 +165,8 @@ def run(quick: bool) -> Report:
                   flush=True)
     chains, draws = (16, 20) if quick else (64, 100)
     init = tf.constant(mode + rng.normal(size=(chains, DIM)).astype(np.float32) @ chol.T)
-    for impl, thin in ((OURS, 1), ("tfx_vec pc+xla T=5", 5), ("tfp nuts+xla", 1)):
+    for impl, thin in ((OURS, 1), ("tfx_vec pc+xla T=5", 5), ("tfx_vec pc+xla T=5 sweep", 5),
+                       ("tfp nuts+xla", 1)):
         make, runtime, jit = IMPLS[impl]  # T=5 keeps every 5th trajectory: same work per run
         rate, seconds = _ess_per_second(make, target, step_size, runtime, jit, init,
                                         draws // thin)

@@ -34,11 +34,14 @@ def _per_chain_steps():
 
 
 def _run_steps(runtime, num_steps=2, **kw):
-    """``num_steps`` kernel steps with fixed seeds; ``runtime="xla"``: the program counter under
-    ``tf.function(jit_compile=True)`` (compiled once, called once per step)."""
+    """``num_steps`` kernel steps with fixed seeds; ``runtime="xla[:scheduler]"``: the program
+    counter under ``tf.function(jit_compile=True)`` (compiled once, called once per step)."""
+    xla = runtime.startswith("xla")
+    if ":" in runtime:
+        kw["scheduler"] = runtime.split(":")[1]
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5,
-                            runtime="program_counter" if runtime == "xla" else runtime, **kw)
-    step = tf.function(kernel.one_step, jit_compile=True) if runtime == "xla" else kernel.one_step
+                            runtime="program_counter" if xla else runtime, **kw)
+    step = tf.function(kernel.one_step, jit_compile=True) if xla else kernel.one_step
     state = _two_part_state()
     results = kernel.bootstrap_results(state)
     out = []
@@ -64,10 +67,10 @@ def reference():
     return _run_steps("python", num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
 
 
-@pytest.mark.parametrize("runtime", ["xla", "local_static", "hybrid"])
+@pytest.mark.parametrize("runtime", ["xla", "xla:sweep_guarded", "local_static", "hybrid"])
 def test_runtime_matches_per_chain_reference(reference, runtime):
     """Every batched runtime gives each chain what running it alone gives: the program
-    counter under XLA, local static, and local static with XLA blocks."""
+    counter under XLA (two schedulers), local static, and local static with XLA blocks."""
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
 
@@ -134,6 +137,7 @@ def test_kernel_protocol():
 @pytest.mark.parametrize("make, message", [
     (lambda: NoUTurnSampler(lambda x: x, 0.1, max_tree_depth=0), "max_tree_depth"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, runtime="gpu"), "runtime must be one of"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, scheduler="fifo"), "scheduler must be one of"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_leapfrog_steps=0), "unrolled"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, num_trajectories_per_step=0), "num_trajectories"),
 ])

@@ -408,6 +408,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         ``"hybrid"`` (local static with XLA-compiled basic blocks) or ``"python"`` (the same
         program run directly, one chain at a time: the unbatched reference).
       seed: seed for steps that are not given one (stateless; carried in the kernel results).
+      scheduler: block selection of the program-counter runtime: ``"earliest"`` (the paper's;
+        members gather at the gradient, the last block) or ``"sweep_guarded"`` (every block
+        once per loop step, skipped when no member waits: fewer loop steps, often faster),
+        ``"most_active"``, ``"sweep"``.
 
     Example:
         >>> import tensorflow as tf
@@ -420,7 +424,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def __init__(self, target_log_prob_fn: Callable, step_size: Any, max_tree_depth: int = 10,
                  max_energy_diff: float = 1000.0, unrolled_leapfrog_steps: int = 1,
                  num_trajectories_per_step: int = 1, runtime: str = "program_counter",
-                 seed: Any = None, name: str | None = None):
+                 seed: Any = None, name: str | None = None, scheduler: str = "earliest"):
         if int(max_tree_depth) < 1:
             raise ValueError(f"NoUTurnSampler: max_tree_depth must be >= 1, got {max_tree_depth}")
         if int(unrolled_leapfrog_steps) < 1:
@@ -431,12 +435,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                              f"{num_trajectories_per_step}")
         if runtime not in RUNTIMES:
             raise ValueError(f"NoUTurnSampler: runtime must be one of {RUNTIMES}, got {runtime!r}")
+        from tfx_vec.autobatch.program_counter import SCHEDULERS
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"NoUTurnSampler: scheduler must be one of {sorted(SCHEDULERS)}, "
+                             f"got {scheduler!r}")
         self._parameters = dict(
             target_log_prob_fn=target_log_prob_fn, step_size=step_size,
             max_tree_depth=int(max_tree_depth), max_energy_diff=float(max_energy_diff),
             unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
             num_trajectories_per_step=int(num_trajectories_per_step), runtime=runtime,
-            seed=seed, name=name or "tfx_vec_nuts")
+            seed=seed, name=name or "tfx_vec_nuts", scheduler=scheduler)
         self._programs: dict = {}
 
     # -- TFP kernel protocol -------------------------------------------------------------
@@ -563,7 +571,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         program = self._program(spec, batched=True)
         if self.runtime == "hybrid":
             return tuple(program(*args, runtime="local_static", xla_blocks=True))
-        return tuple(program(*args, runtime=self.runtime))
+        return tuple(program(*args, runtime=self.runtime, scheduler=self.scheduler))
 
 
 def _identity(fn: Callable) -> Callable:
