@@ -9,7 +9,7 @@ Also reported: the lazy first-step time (recording + compile) and the recording 
 best of the repeats).  "lazy async" is the same loop with ``lazy.mark_step(wait=False)``
 (PyTorch/XLA's asynchronous barrier); "lazy, no trace cache" the blocking loop with
 ``lazy.configure(trace_cache=False)``, so the trace cache's gain is measured in the same run.
-Samples of the implementations are interleaved round by round.
+Samples of the implementations are interleaved round by round, in an order rotated each round.
 
 Run: ``.venv/bin/python -m benchmarks lazy_training`` (``--quick`` for fewer repeats).
 """
@@ -139,9 +139,12 @@ def _interleaved(report: Report, case: str, fns: dict, rounds: int, inner: int) 
     for fn in fns.values():
         time_fn(fn, repeats=1, warmup=2, inner=1)
     samples: dict = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(time_fn(fn, repeats=1, warmup=0, inner=inner).median)
+    names = list(fns)
+    for r in range(rounds):
+        # Rotated each round: a sample right after eager's runs measurably slower (caches,
+        # allocator), so no implementation may always be the one that follows it.
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(time_fn(fns[name], repeats=1, warmup=0, inner=inner).median)
     for name, ss in samples.items():
         report.add(case, name, 1.0 / statistics.median(ss), lo=1.0 / max(ss), hi=1.0 / min(ss))
 
@@ -157,8 +160,6 @@ def run(quick: bool) -> Report:
         t0 = time.perf_counter()
         float(step())
         first = time.perf_counter() - t0
-        # "lazy async" last: its final program may still run when the next sample starts,
-        # and the next is eager's (which does not wait for it), not another lazy one.
         _interleaved(report, case, {"eager": eager(), "tfx_vec.lazy": step,
                                     "lazy, no trace cache": lambda: _untraced(step),
                                     "tf.function": function(False),
