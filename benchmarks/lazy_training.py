@@ -9,12 +9,13 @@ Also reported: the lazy first-step time (recording + compile) and the recording 
 best of the repeats).  "lazy async" is the same loop with ``lazy.mark_step(wait=False)``
 (PyTorch/XLA's asynchronous barrier); "lazy, no trace cache" the blocking loop with
 ``lazy.configure(trace_cache=False)``, so the trace cache's gain is measured in the same run.
-Samples of the implementations are interleaved round by round, in an order rotated each round.
+Samples of the implementations are interleaved round by round, in an order shuffled each round.
 
 Run: ``.venv/bin/python -m benchmarks lazy_training`` (``--quick`` for fewer repeats).
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -140,10 +141,12 @@ def _interleaved(report: Report, case: str, fns: dict, rounds: int, inner: int) 
         time_fn(fn, repeats=1, warmup=2, inner=1)
     samples: dict = {name: [] for name in fns}
     names = list(fns)
-    for r in range(rounds):
-        # Rotated each round: a sample right after eager's runs measurably slower (caches,
-        # allocator), so no implementation may always be the one that follows it.
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    order = random.Random(0)
+    for _ in range(rounds):
+        # Shuffled each round (seeded): a lazy sample right after eager's runs measurably
+        # slower (its XLA execution above all), so none may always be the one that follows it.
+        order.shuffle(names)
+        for name in names:
             samples[name].append(time_fn(fns[name], repeats=1, warmup=0, inner=inner).median)
     for name, ss in samples.items():
         report.add(case, name, 1.0 / statistics.median(ss), lo=1.0 / max(ss), hi=1.0 / min(ss))
