@@ -2,14 +2,19 @@
 point loops around an innermost ``+=`` reduction become vector accumulators over a packed operand
 tile.  Every case checks that the kernel really took that form and matches NumPy on every element
 (partial tiles in the row and reduction loops, pre/post statements, double, scalar arithmetic);
-expressions that cannot be vectorised keep the scalar form; and the blocked kernel is clean under
-AddressSanitizer."""
+expressions that cannot be vectorised keep the scalar form; the blocked kernel is clean under
+AddressSanitizer; and tile loops are reordered so the packed tile is reused (``reuse_tile_order``)."""
+import islpy as isl
 import numpy as np
 import pytest
 
 from tests.support import random_array
 from tfx_vec import tc_ops as tc
 from tfx_vec.tc_ops.backends import cpu
+from tfx_vec.tc_ops.lang import parse
+from tfx_vec.tc_ops.lang.ranges import infer_ranges
+from tfx_vec.tc_ops.lang.sema import check
+from tfx_vec.tc_ops.poly.kernel import build_kernel, reuse_tile_order
 
 from .test_cpu import _run_under_asan
 
@@ -103,3 +108,36 @@ def test_blocked_kernel_under_address_sanitizer(tmp_path):
     C = np.zeros((37, 96), np.float32)
     proc = _run_under_asan(tmp_path, src, "tc_tmm", [A, B, C])
     assert proc.returncode == 0 and "asan-ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def _tiled_band(source, shapes, tile):
+    d = check(parse(source).defs[0])
+    k = build_kernel(d, infer_ranges(d, shapes))
+    node = k.isl_schedule(tc.MappingOptions()).get_root().child(0)
+    mv = isl.MultiVal.zero(node.band_get_space())
+    for i, t in enumerate(tile):
+        mv = mv.set_val(i, isl.Val.int_from_si(k.ctx, t))
+    return k, node.band_tile(mv)
+
+
+def _order(node):
+    ps = node.band_get_partial_schedule()
+    return [ps.get_at(i).to_str() for i in range(node.band_n_member())]
+
+
+def test_tile_loops_are_put_in_reuse_order():
+    """tmm's B(n, kk) does not move with m: the m tile loop goes innermost, so one packed B tile
+    serves every m tile, and n's tile loop (32 iterations here, not m's 4) runs on threads."""
+    k, band = _tiled_band(TMM, {"A": (128, 64), "B": (64, 64)}, (32, 32, 32))
+    before = _order(band)
+    after = reuse_tile_order(band, k)
+    assert _order(after) == [before[1], before[2], before[0]]
+    assert [after.band_member_get_coincident(i) for i in range(3)] == [True, False, True]
+    assert after.band_get_permutable()
+    src, _ = cpu.generate(TMM, "tmm", [((128, 64), np.float32), ((1024, 64), np.float32)])
+    omp = src.index("#pragma omp parallel for")
+    assert "_c0 <= 1023; _c0 += 32" in src[omp:omp + 120]     # the n tiles
+    # every read moves with m: nothing to reuse, the order stays
+    k, band = _tiled_band("def f(float(M,N,K) A) -> (C) { C(m,n) +=! A(m,n,kk) * A(m,n,kk) }",
+                          {"A": (8, 8, 8)}, (4, 4, 4))
+    assert _order(reuse_tile_order(band, k)) == _order(band)

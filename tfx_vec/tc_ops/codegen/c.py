@@ -340,7 +340,7 @@ class CPrinter:
     # GCC/Clang vector-extension width in bytes (0 disables the micro-kernel), the number of
     # vector accumulators a block keeps in registers, and the bytes of one packed operand chunk
     vector_bytes = 64
-    block_accumulators = 8
+    block_accumulators = 16
     pack_bytes = 16384
 
     def emit_vector_types(self) -> list[str]:
@@ -369,9 +369,18 @@ class CPrinter:
         ``r`` order).  None when the pattern does not apply (``i2``'s extent must be a constant
         multiple of a vector).
         """
+        chain = [node]          # coincident loops down to i2: (outer tile loops..., i1, i2)
+        while True:
+            mark_, child = _unmark(chain[-1].for_get_body())
+            if mark_ != MARK_SIMD or child.get_type() != isl.ast_node_type.for_:
+                break
+            chain.append(child)
+        if len(chain) < 2:
+            return None
+        outer, node, l2 = chain[:-2], chain[-2], chain[-1]
         it1, last1 = node.for_get_iterator().to_C_str(), _loop_last(node)
-        mark2, l2 = _unmark(node.for_get_body())
-        if last1 is None or mark2 != MARK_SIMD or l2.get_type() != isl.ast_node_type.for_:
+        outer_its = [n.for_get_iterator().to_C_str() for n in outer]
+        if last1 is None:
             return None
         it2, last2 = l2.for_get_iterator().to_C_str(), _loop_last(l2)
         init2 = l2.for_get_init().to_C_str()
@@ -390,12 +399,14 @@ class CPrinter:
         s, t = st.tc.stmt, st.tc.dtype
         rinit = red.for_get_init().to_C_str()
         if s.op != "+=" or t not in ("float", "double") or any(
-                _mentions_word(rinit + " " + rlast, i) for i in (it1, it2)) or any(
+                _mentions_word(rinit + " " + rlast, i) for i in (*outer_its, it1, it2)) or any(
                 isinstance(x, A.Call) and x.name == s.lhs for x in A.walk(s.rhs)):
             return None
         moves = {i: {v for v in st.vars if _mentions_word(bind[v], i)} for i in (it1, it2)}
         if not all(moves[i] & set(st.tc.lhs_vars) for i in (it1, it2)):
             return None
+        # the packed tile is reused across i1 and the outer loops: it must not move with them
+        moves[it1] |= {v for v in st.vars for i in outer_its if _mentions_word(bind[v], i)}
         packed: dict[str, A.Call] = {}
         if not self._vector_form(s.rhs, moves[it1], moves[it2], t, packed) or not packed:
             return None
@@ -419,8 +430,8 @@ class CPrinter:
             return " ".join(f"const int {c_name(v)} = {bind[v]};" for v in vars_)
 
         lhs_binds = binds(st.tc.lhs_vars)
-        tile = [f"for (int {it1} = {node.for_get_init().to_C_str()}; {it1} <= {last1}; "
-                f"{it1} += 1)", f"for (int {it2} = {init2}; {it2} <= {last2}; {it2} += 1)"]
+        heads = [_for_header(n) for n in outer]
+        tile = [" ".join(heads + [_for_header(node)]), _for_header(l2)]
 
         def over_tile(leaves_) -> list[str]:
             if not leaves_:
@@ -471,13 +482,13 @@ class CPrinter:
             loops = f"{tile[1]} {r_loop}" if r_last else f"{r_loop} {tile[1]}"
             out.append(f"{pad}    {loops} {{ {pack_binds} "
                        f"tc_pk{j}[{rit} - tc_rc][{it2} - {init2}] = {self.expr(call)}; }}")
-        out.append(f"{pad}    int tc_b = {node.for_get_init().to_C_str()};")
+        out.append(f"{pad}    {' '.join(heads)} {{ int tc_b = {node.for_get_init().to_C_str()};")
         out.append(f"{pad}    for (; tc_b + {U - 1} <= {last1}; tc_b += {U})")
         out += block(U, pad + "      ")
         if U > 1:
             out.append(f"{pad}    for (; tc_b <= {last1}; tc_b += 1)")
             out += block(1, pad + "      ")
-        out.append(f"{pad}  }}")
+        out.append(f"{pad}  }} }}")
         out += over_tile(leaves[red_at + 1:])
         return out + [f"{pad}}}"]
 
@@ -683,6 +694,12 @@ def _loop_last(node: isl.AstNode) -> str | None:
     if op == isl.ast_expr_op_type.lt:
         last = str(int(last) - 1) if last.lstrip("-").isdigit() else f"({last}) - 1"
     return last
+
+
+def _for_header(node: isl.AstNode) -> str:
+    it = node.for_get_iterator().to_C_str()
+    return (f"for (int {it} = {node.for_get_init().to_C_str()}; "
+            f"{node.for_get_cond().to_C_str()}; {it} += {node.for_get_inc().to_C_str()})")
 
 
 def _unmark(node: isl.AstNode) -> tuple[str | None, isl.AstNode]:
