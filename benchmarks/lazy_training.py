@@ -9,13 +9,12 @@ Also reported: the lazy first-step time (recording + compile) and the recording 
 best of the repeats).  "lazy async" is the same loop with ``lazy.mark_step(wait=False)``
 (PyTorch/XLA's asynchronous barrier); "lazy, no trace cache" the blocking loop with
 ``lazy.configure(trace_cache=False)``, so the trace cache's gain is measured in the same run.
-Samples of the implementations are interleaved round by round, in an order shuffled each round.
+Samples of the implementations are interleaved round by round (lazy rows last, rotated).
 
 Run: ``.venv/bin/python -m benchmarks lazy_training`` (``--quick`` for fewer repeats).
 """
 from __future__ import annotations
 
-import random
 import statistics
 import time
 
@@ -125,6 +124,18 @@ def _recording_us_per_op(params, lx, ly, forward, repeats):
     return best * 1e6, ops
 
 
+def _key_us(step, repeats: int) -> tuple[float, float]:
+    """Median time of the barrier's program lookup (the ``canonicalize`` timer: trace cache
+    hit, or graph walk and key) per step, with the trace cache on and off, alternating."""
+    per: dict = {True: [], False: []}
+    for _ in range(repeats):
+        for on in (True, False):
+            before = lazy.metrics().get("canonicalize_s", 0.0)
+            (step if on else lambda: _untraced(step))()
+            per[on].append(lazy.metrics()["canonicalize_s"] - before)
+    return statistics.median(per[True]) * 1e6, statistics.median(per[False]) * 1e6
+
+
 def _untraced(step):
     """A blocking lazy step with the trace cache off (the barrier canonicalizes the graph)."""
     lazy.configure(trace_cache=False)
@@ -140,20 +151,22 @@ def _interleaved(report: Report, case: str, fns: dict, rounds: int, inner: int) 
     for fn in fns.values():
         time_fn(fn, repeats=1, warmup=2, inner=1)
     samples: dict = {name: [] for name in fns}
+    # A lazy sample taken right after eager's runs measurably slower (its XLA executions), so
+    # eager is followed by the tf.function rows, and the three lazy rows come last in an order
+    # rotated each round: each of them follows each of the others equally often.
     names = list(fns)
-    order = random.Random(0)
-    for _ in range(rounds):
-        # Shuffled each round (seeded): a lazy sample right after eager's runs measurably
-        # slower (its XLA execution above all), so none may always be the one that follows it.
-        order.shuffle(names)
-        for name in names:
+    lazy_rows = [n for n in names if "lazy" in n]
+    others = [n for n in names if n not in lazy_rows]
+    for r in range(rounds):
+        k = r % len(lazy_rows)
+        for name in others + lazy_rows[k:] + lazy_rows[:k]:
             samples[name].append(time_fn(fns[name], repeats=1, warmup=0, inner=inner).median)
     for name, ss in samples.items():
         report.add(case, name, 1.0 / statistics.median(ss), lo=1.0 / max(ss), hi=1.0 / min(ss))
 
 
 def run(quick: bool) -> Report:
-    repeats, inner = (5, 5) if quick else (15, 10)
+    repeats, inner = (6, 5) if quick else (15, 10)
     report = Report("lazy_training", unit="steps/s", ours="tfx_vec.lazy", higher_is_better=True)
     notes = []
     for model, batch in (("mlp", 64), ("convnet", 16)):
@@ -170,8 +183,10 @@ def run(quick: bool) -> Report:
                                     "lazy async": lambda: step(wait=False)},
                      repeats, inner)
         us, ops = _recording_us_per_op(params, lx, ly, forward, repeats)
+        hit_us, walk_us = _key_us(step, 10 * repeats)
         notes.append(f"{case}: lazy first step (record + compile) {first:.2f} s; recording "
-                     f"{us:.2f} us/op over {ops} recorded ops per step")
+                     f"{us:.2f} us/op over {ops} recorded ops per step; barrier program lookup "
+                     f"{hit_us:.0f} us (trace cache) vs {walk_us:.0f} us (graph walk + key)")
     m = lazy.metrics()
     notes.append(f"lazy metrics: compiles={m.get('compiles', 0)} cache_hits="
                  f"{m.get('cache_hits', 0)} trace_hits={m.get('trace_hits', 0)} "
