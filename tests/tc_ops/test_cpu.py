@@ -90,7 +90,7 @@ def test_cpu_strategy_in_the_generated_code():
     src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)])
     assert outs == [("C", (256, 128), np.dtype(f32))]
     assert src.index("#pragma omp parallel for") < src.index("_c0 += 32")
-    assert "register-blocked S0" in src and "tc_pk0[" in src   # packed B tile, see test_cpu_blocking
+    assert "register-blocked S0" in src and "tc_pk0[" in src   # packed B (test_cpu_blocking)
     src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
                           tc.MappingOptions.default_for().replace(tile=(32, 32, 32), block=False))
     assert "#pragma omp simd reduction(+:tc_acc)" in src                  # remainder loop

@@ -3,7 +3,8 @@ point loops around an innermost ``+=`` reduction become vector accumulators over
 tile.  Every case checks that the kernel really took that form and matches NumPy on every element
 (partial tiles in the row and reduction loops, pre/post statements, double, scalar arithmetic);
 expressions that cannot be vectorised keep the scalar form; the blocked kernel is clean under
-AddressSanitizer; and tile loops are reordered so the packed tile is reused (``reuse_tile_order``)."""
+AddressSanitizer; and tile loops are reordered so the packed tile is reused
+(``reuse_tile_order``)."""
 import islpy as isl
 import numpy as np
 import pytest

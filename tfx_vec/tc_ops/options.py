@@ -3,8 +3,9 @@
 The GPU knobs are the paper's (§6.2: tile sizes, block and thread mapping, shared/private memory
 promotion, unrolling, the fusion strategy of the isl scheduler); the CPU backend honours
 ``tile``, ``fusion_strategy``, ``unroll``, ``parallel`` (run the first coincident loop of the
-outermost band with OpenMP threads) and ``vectorize`` (``#pragma omp simd`` on innermost parallel
-loops, vector accumulators and unroll-and-jam for reductions).
+outermost band with OpenMP threads), ``vectorize`` (``#pragma omp simd`` on innermost parallel
+loops, vector accumulators and unroll-and-jam for reductions) and ``block`` (register-blocked
+contraction kernels over packed operand tiles).
 
 Options are frozen and validated on construction; ``to_json``/``from_json`` round-trip exactly,
 so an options value can key a cache or be stored by the autotuner.

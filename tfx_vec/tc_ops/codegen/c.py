@@ -363,7 +363,11 @@ class CPrinter:
         ``U x extent(i2)`` sums in vector registers: per ``r`` step, one vector load per packed
         operand, one broadcast per ``i1`` row and ``U * extent(i2) / lanes`` FMAs.
 
-        Legal because ``i1`` and ``i2`` are coincident: different ``(i1, i2)`` instances are
+        Coincident loops above ``i1`` (the ``i1`` tile loop that
+        :func:`~..poly.kernel.reuse_tile_order` put innermost among the tile loops) join the
+        rows: the packed tile is then reused across all of them.
+
+        Legal because all these loops are coincident: different ``(i1, i2)`` instances are
         independent, so the statements before/after the reduction can run for the whole tile
         first/last, and ``r`` can be chunked outside ``i1`` (each sum still adds its terms in
         ``r`` order).  None when the pattern does not apply (``i2``'s extent must be a constant
@@ -466,7 +470,8 @@ class CPrinter:
             return out
 
         red_at = next(i for i, n in enumerate(leaves) if n is red)
-        out = [f"{pad}{{ /* {U}x{n2} register-blocked {st.name}, {len(packed)} packed operand(s) */"]
+        out = [f"{pad}{{ /* {U}x{n2} register-blocked {st.name}, "
+               f"{len(packed)} packed operand(s) */"]
         out += over_tile(leaves[:red_at])
         out += [f"{pad}  {ct} tc_pk{j}[{kc}][{n2}] {al};" for j in range(len(packed))]
         out.append(f"{pad}  for (int tc_rc = {rinit}; tc_rc <= {rlast}; tc_rc += {kc}) {{")
