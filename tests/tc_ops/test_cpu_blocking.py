@@ -8,6 +8,8 @@ AddressSanitizer; and tile loops are reordered so the packed tile is reused
 import islpy as isl
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support import random_array
 from tfx_vec import tc_ops as tc
@@ -41,6 +43,7 @@ CASES = [
      lambda a, b: a @ b.T),
     ("tmm-default-options", TMM, "tmm", [(64, 300), (128, 300)], None, lambda a, b: a @ b.T),
     ("tmm-untiled-reduction", TMM, "tmm", [(19, 45), (16, 45)], _tiles(8, 8), lambda a, b: a @ b.T),
+    ("tmm-partial-n", TMM, "tmm", [(40, 50), (45, 50)], _tiles(32, 32, 32), lambda a, b: a @ b.T),
     ("tmm-double", TMM64, "tmm", [(20, 33), (64, 33)], _tiles(16, 32, 16), lambda a, b: a @ b.T),
     ("fcrelu-pre-and-post", FCRELU, "fcrelu", [(21, 50), (32, 50), (32,)], _tiles(16, 16),
      lambda i, w, b: np.maximum(i @ w.T + b, 0)),
@@ -102,11 +105,11 @@ def test_extents_that_are_not_whole_vectors_keep_the_scalar_form():
 
 def test_blocked_kernel_under_address_sanitizer(tmp_path):
     rng = np.random.default_rng(7)
-    A, B = random_array(rng, (37, 70), np.float32), random_array(rng, (96, 70), np.float32)
+    A, B = random_array(rng, (37, 70), np.float32), random_array(rng, (45, 70), np.float32)
     src, _ = cpu.generate(TMM, "tmm", [(A.shape, np.float32), (B.shape, np.float32)],
                           _tiles(32, 32, 32))
     assert "register-blocked" in src
-    C = np.zeros((37, 96), np.float32)
+    C = np.zeros((37, 45), np.float32)      # partial tiles in m, n and kk
     proc = _run_under_asan(tmp_path, src, "tc_tmm", [A, B, C])
     assert proc.returncode == 0 and "asan-ok" in proc.stdout, proc.stderr[-3000:]
 
@@ -142,3 +145,14 @@ def test_tile_loops_are_put_in_reuse_order():
     k, band = _tiled_band("def f(float(M,N,K) A) -> (C) { C(m,n) +=! A(m,n,kk) * A(m,n,kk) }",
                           {"A": (8, 8, 8)}, (4, 4, 4))
     assert _order(reuse_tile_order(band, k)) == _order(band)
+
+
+@settings(max_examples=12)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40),
+       tile=st.tuples(*[st.sampled_from([4, 8, 16, 32])] * 3), seed=st.integers(0, 2 ** 16))
+def test_random_sizes_and_tiles_match_numpy(m, n, k, tile, seed):
+    """Partial tiles anywhere, including i2's (the vectors run over the whole tile extent)."""
+    rng = np.random.default_rng(seed)
+    A, B = random_array(rng, (m, k), np.float32), random_array(rng, (n, k), np.float32)
+    out = tc.define(TMM).tmm(A, B, options=_tiles(*tile)).numpy()
+    np.testing.assert_allclose(out, A @ B.T, rtol=1e-4, atol=1e-4)

@@ -387,9 +387,12 @@ class CPrinter:
         if last1 is None:
             return None
         it2, last2 = l2.for_get_iterator().to_C_str(), _loop_last(l2)
-        init2 = l2.for_get_init().to_C_str()
-        if last2 is None or not (init2.lstrip("-").isdigit() and last2.lstrip("-").isdigit()):
+        init2, bound2 = l2.for_get_init().to_C_str(), _const_last(l2)
+        if last2 is None or bound2 is None or not init2.lstrip("-").isdigit():
             return None
+        # a partial i2 tile (``it2 <= min(31, N - 1 - t)``) computes on the whole constant
+        # extent; the lanes past its end read zeros of the buffers and are never stored
+        partial = not last2.lstrip("-").isdigit()
         leaves = _flatten(l2.for_get_body())
         loops = [n for n in leaves if n.get_type() == isl.ast_node_type.for_]
         if len(loops) != 1 or any(not _is_innermost(n) for n in leaves if n is not loops[0]):
@@ -415,7 +418,7 @@ class CPrinter:
         if not self._vector_form(s.rhs, moves[it1], moves[it2], t, packed) or not packed:
             return None
         tsize = 4 if t == "float" else 8
-        n2 = int(last2) - int(init2) + 1
+        n2 = bound2 - int(init2) + 1
         nbytes = next((b for b in (self.vector_bytes, 32, 16) if (n2 * tsize) % b == 0), 0)
         nv = n2 * tsize // nbytes if nbytes else 0
         if not nbytes or nv > self.block_accumulators:
@@ -424,8 +427,9 @@ class CPrinter:
         vt = f"tc_v{lanes}{t[0]}"
         self._vector_types[vt] = (t, nbytes)
         kc = max(1, self.pack_bytes // (n2 * tsize * len(packed)))
-        if rinit.lstrip("-").isdigit() and rlast.lstrip("-").isdigit():
-            kc = min(kc, int(rlast) - int(rinit) + 1)
+        rbound = _const_last(red)
+        if rinit.lstrip("-").isdigit() and rbound is not None:
+            kc = max(1, min(kc, rbound - int(rinit) + 1))
         ct, pad = self.ctype(t), "  " * ind
         al = "__attribute__((aligned(64)))"
         lhs = self.access(s.lhs, [A.Ident(v, s.span) for v in s.lhs_indices], None)
@@ -435,6 +439,7 @@ class CPrinter:
 
         lhs_binds = binds(st.tc.lhs_vars)
         heads = [_for_header(n) for n in outer]
+        zero = " = {0}" if partial else ""
         tile = [" ".join(heads + [_for_header(node)]), _for_header(l2)]
 
         def over_tile(leaves_) -> list[str]:
@@ -448,7 +453,7 @@ class CPrinter:
         def block(u_n: int, p: str) -> list[str]:
             rows = f"for (int tc_u = 0; tc_u < {u_n}; tc_u += 1) " + tile[1]
             acc = [(u, v) for u in range(u_n) for v in range(nv)]
-            out = [f"{p}{{ {ct} tc_cb[{u_n}][{n2}] {al};",
+            out = [f"{p}{{ {ct} tc_cb[{u_n}][{n2}] {al}{zero};",
                    f"{p}  {rows} {{ const int {it1} = tc_b + tc_u; {lhs_binds} "
                    f"tc_cb[tc_u][{it2} - {init2}] = {lhs}; }}"]
             out += [f"{p}  {vt} tc_a{u}_{v} = {vt}_ld(&tc_cb[{u}][{v * lanes}]);"
@@ -473,7 +478,7 @@ class CPrinter:
         out = [f"{pad}{{ /* {U}x{n2} register-blocked {st.name}, "
                f"{len(packed)} packed operand(s) */"]
         out += over_tile(leaves[:red_at])
-        out += [f"{pad}  {ct} tc_pk{j}[{kc}][{n2}] {al};" for j in range(len(packed))]
+        out += [f"{pad}  {ct} tc_pk{j}[{kc}][{n2}] {al}{zero};" for j in range(len(packed))]
         out.append(f"{pad}  for (int tc_rc = {rinit}; tc_rc <= {rlast}; tc_rc += {kc}) {{")
         out.append(f"{pad}    const int tc_rn = min({kc}, ({rlast}) - tc_rc + 1);")
         pack_binds = binds(v for v in st.vars if v not in moves[it1])
@@ -699,6 +704,27 @@ def _loop_last(node: isl.AstNode) -> str | None:
     if op == isl.ast_expr_op_type.lt:
         last = str(int(last) - 1) if last.lstrip("-").isdigit() else f"({last}) - 1"
     return last
+
+
+def _const_last(node: isl.AstNode) -> int | None:
+    """A constant bound on the last value of a ``for`` whose condition is ``it <= c``,
+    ``it < c`` or ``it <= min(c, ...)``; else None."""
+    cond = node.for_get_cond()
+    if cond.get_type() != isl.ast_expr_type.op:
+        return None
+    op = cond.op_get_type()
+    if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+        return None
+    bound = cond.op_get_arg(1)
+    args = [bound]
+    if bound.get_type() == isl.ast_expr_type.op and \
+            bound.op_get_type() == isl.ast_expr_op_type.min:
+        args = [bound.op_get_arg(i) for i in range(bound.op_get_n_arg())]
+    consts = [int(a.int_get_val().to_python()) for a in args
+              if a.get_type() == isl.ast_expr_type.int]
+    if not consts:
+        return None
+    return min(consts) - (1 if op == isl.ast_expr_op_type.lt else 0)
 
 
 def _for_header(node: isl.AstNode) -> str:
