@@ -220,3 +220,16 @@ def test_a_graph_size_cut_inside_a_multi_output_op_stays_correct():
         e = tf.add_n(tf.unstack(tf.tanh(e) * 0.5, axis=0)) + e
     np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-5)
     assert lazy.metrics()["graph_size_cuts"] >= 3
+
+
+def test_negative_zero_is_not_served_the_program_of_zero():
+    # -0.0 == 0.0 (and hashes alike): baked, it would share 0.0's cached node and program.
+    # NumPy is the reference: eager TF's own scalar-conversion cache can hand -0.0 the tensor
+    # it made for 0.0.
+    rng = np.random.default_rng(14)
+    x = np.abs(random_array(rng, (4,), np.float32))
+    for scale in (0.0, -0.0, 0.0, -0.0):
+        got, _ = _forced(lambda t: 1.0 / (t * scale), x)
+        with np.errstate(divide="ignore"):
+            want = np.float32(1.0) / (x * np.float32(scale))
+        np.testing.assert_array_equal(got, want)

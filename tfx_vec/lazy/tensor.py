@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -337,7 +338,7 @@ _consts: dict = {}
 def _const(v: Any, dtype: tf.DType | None = None) -> Node:
     """A baked constant: a Python value (replayed as is, so TF converts it as eager would) or,
     with ``dtype``, the frozen value of a small eager tensor (replayed with its dtype)."""
-    key = (type(v), v, dtype)
+    key = (type(v), v, dtype, _negative_zero(v))
     node = _consts.get(key)
     if node is None:
         arr = np.asarray(v)
@@ -346,6 +347,10 @@ def _const(v: Any, dtype: tf.DType | None = None) -> Node:
             _consts.clear()
         node = _consts[key] = Node("const", (), (v, dtype), tuple(arr.shape), shown)
     return node
+
+
+def _negative_zero(v: Any) -> bool:
+    return type(v) is float and v == 0.0 and math.copysign(1.0, v) < 0
 
 
 def _leaf(v: Any) -> Node | None:
@@ -450,8 +455,12 @@ _counters = metrics._counters
 
 
 def _number(v: Any, scalars: bool, main: tf.DType | None) -> Node:
-    """A Python number argument: baked when 0/+-1 or without a tensor to take a dtype from."""
-    if v in (0, 1, -1) or not scalars or main is None or not (
+    """A Python number argument: baked when 0/+-1 or without a tensor to take a dtype from.
+
+    -0.0 is a parameter, not baked: it equals 0.0, so as a baked constant it would share 0.0's
+    program (and cached node) and lose its sign (``1 / (x * -0.0)`` must be ``-inf``).
+    """
+    if (v in (0, 1, -1) and not _negative_zero(v)) or not scalars or main is None or not (
             main.is_floating or main.is_complex or (main.is_integer and isinstance(v, int))):
         return _const(v)
     return Node("scalar", (), (), (), main, v)
