@@ -117,6 +117,16 @@ class Recording:
     barrier can reuse the last :func:`canonicalize` result instead of walking the graph again.
     ``ok`` turns false when the log cannot prove that (an input recorded before the last
     barrier, a rewritten node with an old creation stamp); the barrier then canonicalizes.
+
+    Example (two recordings of ``x * x`` on different data):
+        >>> prints = []
+        >>> for _ in range(2):
+        ...     RECORDING.reset()
+        ...     a = Node.leaf("data", tf.ones([2]))
+        ...     b = Node("math.multiply", (a, a), (), (2,), tf.float32)
+        ...     prints.append(RECORDING.fingerprint([b], []))
+        >>> prints[0] == prints[1], prints[0][0][1][3]
+        (True, (0, 0))
     """
 
     __slots__ = ("base", "log", "nodes", "ok")
