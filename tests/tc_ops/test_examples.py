@@ -80,21 +80,6 @@ def test_kernel_runs_inside_threads_concurrently():
     assert len(mod.sq._compiled) == 1
 
 
-_DOCTESTED = ["errors", "options", "api", "lang.lexer", "lang.parser", "lang.ast", "lang.sema",
-              "lang.interp",
-              "lang.ranges", "lang.printer", "lang.types", "poly.kernel", "codegen.c", "backends",
-              "backends.cpu"]
-
-
-def test_docstring_examples_run():
-    import doctest
-    import importlib
-    for name in _DOCTESTED:
-        mod = importlib.import_module(f"tfx_vec.tc_ops.{name}")
-        result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0 and result.attempted > 0, name
-
-
 def test_entry_inside_tf_function_uses_the_tf_op():
     mod = tc.define("def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }")
     rng = np.random.default_rng(1)

@@ -1,0 +1,26 @@
+"""The runnable examples in every tfx_vec docstring pass (``doctest``), module by module."""
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import tfx_vec
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(tfx_vec.__path__, "tfx_vec."))
+
+
+def test_examples_exist_in_most_modules():
+    with_examples = [name for name in MODULES
+                     if doctest.DocTestFinder().find(importlib.import_module(name))
+                     and any(t.examples for t in
+                             doctest.DocTestFinder().find(importlib.import_module(name)))]
+    assert len(with_examples) >= 0.75 * len(MODULES), sorted(set(MODULES) - set(with_examples))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)     # examples that write files (caches) write them here
+    result = doctest.testmod(importlib.import_module(name), report=True,
+                             optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} docstring example(s) of {name} failed"
