@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from tfx_vec.tc_ops import library
+
 from tests.support import random_array
 
 
@@ -71,12 +73,7 @@ def sgemm(float a, float b, float(N,M) A, float(M,K) B, float(N,K) C) -> (D) {
                 _f(r, m, k := _d(r)), _f(r, n, k)],
      lambda a, b, A, B, C: (b * C + a * (A @ B),))
 
-case("fcrelu", """
-def fcrelu(float(B,M) I, float(N,M) W, float(N) bias) -> (O) {
-    O(b,n) = bias(n)
-    O(b,n) += I(b,m) * W(n,m)
-    O(b,n) = fmaxf(O(b,n), 0)
-}""", "fcrelu", lambda r: [_f(r, _d(r), m := _d(r)), _f(r, n := _d(r), m), _f(r, n)],
+case("fcrelu", library.FCRELU, "fcrelu", lambda r: [_f(r, _d(r), m := _d(r)), _f(r, n := _d(r), m), _f(r, n)],
      lambda I, W, b: (_mlp_layer(I, W, b),))
 
 case("conv2d", """
@@ -123,56 +120,27 @@ def gather(float(N) X, int32(A,B) I) -> (Z) {
 }""", "gather", lambda r: [_f(r, n := _d(r)), _idx(r, n, _d(r), _d(r))],
      lambda X, I: (X[I],))
 
-case("tmm", """
-def tmm(float(M,K) A, float(N,K) B) -> (C) {
-    C(m,n) +=! A(m,kk) * B(n,kk)
-}""", "tmm", lambda r: [_f(r, _d(r, 2, 40), k := _d(r, 2, 40)), _f(r, _d(r, 2, 40), k)],
+case("tmm", library.TMM, "tmm", lambda r: [_f(r, _d(r, 2, 40), k := _d(r, 2, 40)), _f(r, _d(r, 2, 40), k)],
      lambda A, B: (A @ B.T,))
 
-case("tbmm", """
-def tbmm(float(B,N,M) X, float(B,K,M) Y) -> (Z) {
-    Z(b,n,k) +=! X(b,n,m) * Y(b,k,m)
-}""", "tbmm", lambda r: [_f(r, b := _d(r), _d(r), m := _d(r)), _f(r, b, _d(r), m)],
+case("tbmm", library.TBMM, "tbmm", lambda r: [_f(r, b := _d(r), _d(r), m := _d(r)), _f(r, b, _d(r), m)],
      lambda X, Y: (np.einsum("bnm,bkm->bnk", X, Y),))
 
-case("group_convolution", """
-def group_convolution(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1, float(G,F) B) -> (O) {
-    O(n,g,f,h,w) +=! I(n,g,c, h + kh, w + kw) * W1(g,f,c,kh,kw)
-    O(n,g,f,h,w) = O(n,g,f,h,w) + B(g,f)
-}""", "group_convolution",
+case("group_convolution", library.GROUP_CONVOLUTION, "group_convolution",
      lambda r: [_f(r, 2, g := _d(r, 1, 4), c := _d(r, 1, 4), _d(r, 4, 8), _d(r, 4, 8)),
                 _f(r, g, f := _d(r, 1, 4), c, 3, 3), _f(r, g, f)],
      lambda I, W, B: (np.stack([_conv_ref(I[:, g], W[g]) for g in range(I.shape[1])], 1)
                       + B[None, :, :, None, None],))
 
-case("1LUT", """
-def 1LUT(float(E1,D) LUT1, int32(B,L1) I1) -> (O1) {
-    O1(i,j) +=! LUT1(I1(i,k), j)
-}""", "1LUT", lambda r: [_f(r, e := _d(r), _d(r)), _idx(r, e, _d(r), _d(r))],
+case("1LUT", library.LUT1, "1LUT", lambda r: [_f(r, e := _d(r), _d(r)), _idx(r, e, _d(r), _d(r))],
      lambda L, I: (L[I].sum(axis=1),))
 
-case("2LUT", """
-def 2LUT(float(E1,D) LUT1, int32(B,L1) I1, float(E2,D) LUT2, int32(B,L2) I2) -> (O1, O2) {
-    O1(i,j) +=! LUT1(I1(i,k), j)
-    O2(i,j) +=! LUT2(I2(i,k), j)
-}""", "2LUT",
+case("2LUT", library.LUT2, "2LUT",
      lambda r: [_f(r, e1 := _d(r), d := _d(r)), _idx(r, e1, b := _d(r), _d(r)),
                 _f(r, e2 := _d(r), d), _idx(r, e2, b, _d(r))],
      lambda L1, I1, L2, I2: (L1[I1].sum(axis=1), L2[I2].sum(axis=1)))
 
-case("MLP3", """
-def MLP3(float(B,N) I, float(O,N) W2, float(O) B2, float(P,O) W3, float(P) B3,
-         float(Q,P) W4, float(Q) B4) -> (O2, O3, O4) {
-    O2(b,o) = B2(o)
-    O2(b,o) += I(b,n) * W2(o,n)
-    O2(b,o) = fmaxf(O2(b,o), 0)
-    O3(b,p) = B3(p)
-    O3(b,p) += O2(b,o) * W3(p,o)
-    O3(b,p) = fmaxf(O3(b,p), 0)
-    O4(b,q) = B4(q)
-    O4(b,q) += O3(b,p) * W4(q,p)
-    O4(b,q) = fmaxf(O4(b,q), 0)
-}""", "MLP3",
+case("MLP3", library.MLP3, "MLP3",
      lambda r: [_f(r, _d(r), n := _d(r)), _f(r, o := _d(r), n), _f(r, o), _f(r, p := _d(r), o),
                 _f(r, p), _f(r, q := _d(r), p), _f(r, q)],
      lambda I, W2, B2, W3, B3, W4, B4: (
