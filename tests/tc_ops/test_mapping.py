@@ -130,3 +130,111 @@ def test_one_thread_dimension_follows_the_innermost_coincident_member():
                                       map_to_blocks=(4,))).kernels[0]
     # threads on n (tile 8, coalesced C[m][n] writes), blocks on m (16 / 4 = 4 tiles)
     assert gk.block == (8,) and gk.grid == (4,)
+
+
+# -- every instance runs exactly once ---------------------------------------------------------
+def _executed(gk) -> isl.UnionSet:
+    """Instances the kernel runs, with the ids (and tile parameters) that run them as params:
+    the domains reaching the schedule's leaves, restricted to the launch and the tile loops."""
+    leaves: list = []
+
+    def walk(node):
+        if node.get_type() == isl.schedule_node_type.leaf:
+            leaves.append(node.get_domain())
+        for i in range(node.n_children()):
+            walk(node.child(i))
+
+    walk(gk.schedule.get_root())
+    out = leaves[0]
+    for d in leaves[1:]:
+        out = out.union(d)
+    launch = isl.Set.read_from_str(gk.schedule.get_ctx(), gk.context)
+    for t in gk.tile_loops:   # for (T = start; T < extent; T += step), start 0 or a block id
+        params = ", ".join([t.param] + ([t.start] if t.start != "0" else []))
+        launch = launch.intersect(isl.Set.read_from_str(
+            gk.schedule.get_ctx(),
+            f"[{params}] -> {{ : exists (e : {t.param} = {t.start} + {t.step} * e and e >= 0) }}"))
+    return out.intersect_params(launch)
+
+
+def _runners(executed: isl.UnionSet) -> list[isl.Map]:
+    """Per statement: instance -> (block ids, thread ids, tile params) that run it."""
+    out = []
+    sets = executed.get_set_list()
+    for i in range(sets.n_set()):
+        m = isl.Map.from_domain(sets.get_at(i))
+        m = m.move_dims(isl.dim_type.out, 0, isl.dim_type.param, 0, m.dim(isl.dim_type.param))
+        out.append(m)
+    return out
+
+
+def assert_each_instance_runs_once(k, m):
+    """The kernels partition the domain, and within a kernel each instance is run by exactly
+    one (block, thread, tile) -- the invariant a dropped or unmapped statement breaks."""
+    seen = isl.UnionSet.empty(k.domain.get_space())
+    for gk in m.kernels:
+        for r in _runners(_executed(gk)):
+            assert r.is_single_valued(), f"{gk.name}: instances run by several threads: {r}"
+            dom = isl.UnionSet.from_set(r.domain())
+            assert seen.intersect(dom).is_empty(), f"{gk.name} reruns {seen.intersect(dom)}"
+            seen = seen.union(dom)
+    assert seen.is_equal(k.domain), f"never run: {k.domain.subtract(seen)}"
+
+
+def _corpus_kernel(case, seed=0):
+    import numpy as np
+
+    from tfx_vec.tc_ops.api import define
+
+    args = case.inputs(np.random.default_rng(seed))
+    d = define(case.source)[case.entry].cdef
+    shapes, scalars, values = {}, {}, {}
+    for p, a in zip(d.inputs, args):
+        if p.is_scalar:
+            scalars[p.name] = int(a) if float(a).is_integer() else a
+            continue
+        shapes[p.name] = a.shape
+        if np.issubdtype(np.asarray(a).dtype, np.integer) and np.size(a):
+            values[p.name] = (int(np.min(a)), int(np.max(a)))
+    return build_kernel(d, infer_ranges(d, shapes, scalars, values))
+
+
+MLP3_BUG = MappingOptions(tile=(), map_to_threads=(1,), map_to_blocks=(1,),
+                          use_shared_memory=True, fusion_strategy="max")
+
+
+def test_mlp3_untiled_promotion_keeps_the_o4_bias_init():
+    # Regression: the first part of the schedule was a set {O2's band, O4's init band}; only the
+    # first band was mapped, and promotion's tile restriction dropped O4(b,q) = B4(q).
+    from tests.tc_ops.corpus import CASES
+
+    case = next(c for c in CASES if c.name == "MLP3")
+    k = _corpus_kernel(case)
+    m = map_to_gpu(k, MLP3_BUG)
+    assert_each_instance_runs_once(k, m)
+    assert any(gk.promotions for gk in m.kernels)
+
+
+_INVARIANT_OPTIONS = [
+    MLP3_BUG,
+    MLP3_BUG.replace(map_to_threads=(4, 2), map_to_blocks=(3, 2)),
+    MappingOptions(tile=(3, 2, 4), map_to_threads=(2, 3), map_to_blocks=(2, 2),
+                   use_shared_memory=True, fusion_strategy="min"),
+    MappingOptions(tile=(5,), map_to_threads=(4,), map_to_blocks=(3,), fusion_strategy="max"),
+]
+
+
+def _case_names():
+    from tests.tc_ops.corpus import CASES
+    return [c.name for c in CASES]
+
+
+@pytest.mark.parametrize("name", _case_names())
+def test_every_corpus_instance_runs_exactly_once(name):
+    from tests.tc_ops.corpus import CASES
+
+    case = next(c for c in CASES if c.name == name)
+    for seed in (0, 3):
+        k = _corpus_kernel(case, seed)
+        for opts in _INVARIANT_OPTIONS:
+            assert_each_instance_runs_once(k, map_to_gpu(k, opts))

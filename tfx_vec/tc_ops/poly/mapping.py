@@ -100,22 +100,41 @@ def schedule_for(kernel: PolyKernel, options: MappingOptions) -> isl.Schedule:
     return kernel.isl_schedule(options)
 
 
+def _is_split(node: isl.ScheduleNode) -> bool:
+    return node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
+
+
 def _parts(schedule: isl.Schedule) -> list[isl.UnionSet]:
-    """Statement sets of the kernels: one per child of an outermost sequence/set, else all."""
-    node = schedule.get_root().child(0)
-    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
-        return [node.child(i).filter_get_filter() for i in range(node.n_children())]
-    return [schedule.get_domain()]
+    """Statement sets of the kernels, in launch order: one per leaf of the tree of sequence/set
+    nodes at the top of the schedule (a sequence's children in order; a set's children are
+    independent), else the whole domain.  Nested ones are split too: a part must be a single
+    subtree, or the statements outside its first band would be dropped by the tile restriction
+    of promotion, or run unmapped by every thread."""
+    out: list[isl.UnionSet] = []
+
+    def visit(node: isl.ScheduleNode) -> None:
+        if not _is_split(node):
+            out.append(node.get_domain())
+            return
+        for i in range(node.n_children()):
+            below = node.child(i).child(0)   # a filter's own domain excludes its filter
+            if not below.get_domain().is_empty():
+                visit(below)
+
+    visit(schedule.get_root().child(0))
+    return out
 
 
 def _part_root(schedule: isl.Schedule) -> isl.ScheduleNode:
-    """The node under which a restricted schedule's single part lives."""
+    """The node under which a restricted schedule's single part lives (below every
+    sequence/set whose other children the restriction emptied)."""
     node = schedule.get_root().child(0)
-    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
-        for i in range(node.n_children()):
-            child = node.child(i)
-            if not child.filter_get_filter().is_empty():
-                return child.child(0)
+    while _is_split(node):
+        live = [node.child(i).child(0) for i in range(node.n_children())
+                if not node.child(i).child(0).get_domain().is_empty()]
+        if len(live) != 1:
+            raise AssertionError(f"schedule part spans {len(live)} subtrees")
+        node = live[0]
     return node
 
 
