@@ -1,6 +1,8 @@
 """Structure of the GPU mapping: kernels, grid/block sizes, tiling, promotion decisions."""
 import islpy as isl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfx_vec.tc_ops.lang import parse
 from tfx_vec.tc_ops.lang.ranges import infer_ranges
@@ -8,6 +10,7 @@ from tfx_vec.tc_ops.lang.sema import check
 from tfx_vec.tc_ops.options import MappingOptions
 from tfx_vec.tc_ops.poly.kernel import build_kernel
 from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+from tests.tc_ops.test_opencl import options_strategy
 
 TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
 
@@ -238,3 +241,13 @@ def test_every_corpus_instance_runs_exactly_once(name):
         k = _corpus_kernel(case, seed)
         for opts in _INVARIANT_OPTIONS:
             assert_each_instance_runs_once(k, map_to_gpu(k, opts))
+
+
+@settings(max_examples=25)
+@given(name=st.sampled_from(_case_names()), options=options_strategy,
+       seed=st.integers(0, 2 ** 16))
+def test_every_instance_runs_exactly_once_under_random_options(name, options, seed):
+    from tests.tc_ops.corpus import CASES
+
+    k = _corpus_kernel(next(c for c in CASES if c.name == name), seed)
+    assert_each_instance_runs_once(k, map_to_gpu(k, options))

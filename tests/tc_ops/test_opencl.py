@@ -68,6 +68,16 @@ def test_corpus_random_valid_options(case, options, seed):
     check_case(case, options, seed)
 
 
+def test_mlp3_untiled_shared_memory_keeps_every_statement():
+    # Regression (hypothesis' find): O4 was off by its bias B4 -- the O4 init sat in a set beside
+    # O2's band in the first kernel and was dropped when promotion restricted it to one tile.
+    case = next(c for c in CASES if c.name == "MLP3")
+    opts = MappingOptions(tile=(), map_to_threads=(1,), map_to_blocks=(1,),
+                          use_shared_memory=True, fusion_strategy="max")
+    check_case(case, opts, seed=0)
+    check_case(case, opts.replace(map_to_threads=(4, 2), map_to_blocks=(3, 2)), seed=1)
+
+
 def test_shared_memory_changes_the_code_not_the_result():
     case = next(c for c in CASES if c.name == "tmm")
     on = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 4), use_shared_memory=True)
