@@ -24,3 +24,21 @@ def test_docstring_examples(name, tmp_path, monkeypatch):
     result = doctest.testmod(importlib.import_module(name), report=True,
                              optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} docstring example(s) of {name} failed"
+
+
+def test_public_names_survive_importing_every_submodule():
+    """A public function named like its submodule (``tc_ops.autotune``, ``lazy.tensor``) must stay
+    the function after the submodule is imported elsewhere (here: by walking every module)."""
+    import types
+    for name in MODULES:
+        importlib.import_module(name)
+    from tfx_vec import lazy, tc_ops
+    for pkg, attr in [(tc_ops, "autotune"), (lazy, "tensor")]:
+        assert not isinstance(getattr(pkg, attr), types.ModuleType), f"{pkg.__name__}.{attr}"
+    for pkg_name in ["tfx_vec", "tfx_vec.pfor", "tfx_vec.autobatch", "tfx_vec.lazy", "tfx_vec.tc_ops"]:
+        pkg = importlib.import_module(pkg_name)
+        for public in getattr(pkg, "__all__", []):
+            value = getattr(pkg, public)
+            assert not isinstance(value, types.ModuleType) or public in {"pfor", "autobatch", "lazy",
+                                                                       "tc_ops", "data"}, \
+                f"{pkg_name}.{public} is a module"

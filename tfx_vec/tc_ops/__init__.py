@@ -9,13 +9,7 @@ from .options import MappingOptions  # noqa: F401
 from .api import Entry, Module, define, generate_source  # noqa: F401,E402
 from .backends import register_backend  # noqa: F401,E402
 
-
-def __getattr__(name: str):
-    """``autotune`` and ``CompilationCache`` (issue #8) are imported on first use."""
-    if name == "autotune":
-        from .autotune import autotune
-        return autotune
-    if name == "CompilationCache":
-        from .cache import CompilationCache
-        return CompilationCache
-    raise AttributeError(f"module 'tfx_vec.tc_ops' has no attribute {name!r}")
+# Imported eagerly, not through a module __getattr__: the submodule ``tc_ops.autotune`` shares
+# the function's name, and importing the submodule anywhere would rebind ``tc.autotune`` to it.
+from .autotune import autotune  # noqa: F401,E402
+from .cache import CompilationCache  # noqa: F401,E402
