@@ -27,7 +27,7 @@ $(STAMP): setup.py | $(PY)
 	touch $@
 
 test: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests $(PYTEST_ARGS)
 
 bench: system-deps $(STAMP)
 	$(PY) -m benchmarks --quick
