@@ -63,6 +63,38 @@ def test_while_loop_invariant_condition_variant_body():
     check_pfor(f, 5, modes=FAST)
 
 
+
+def test_constant_filled_loop_variables_become_stacked_by_filling():
+    """Invariant Fill/ZerosLike/OnesLike initial values that the body makes loop-variant
+    (like while-gradient accumulators) are stacked with a fill, not a Tile."""
+    dims = tf.constant([2, 4])
+
+    def f(i):
+        xi = _row(i)
+        inits = (tf.zeros(dims), tf.fill(dims, 2.5), tf.ones_like(X[:2]), tf.zeros_like(X[:2]))
+        _, *accs = tf.while_loop(lambda k, *a: k < 3,
+                                 lambda k, *a: (k + 1,) + tuple(v * 0.5 + xi for v in a),
+                                 (0,) + inits)
+        return accs
+    check_pfor(f, 5, modes=FAST)
+    graph = tf.function(lambda: tfx_vec.pfor(f, 5)).get_concrete_function().graph
+    tiled = [op for op in graph.get_operations()
+             if op.type == "Tile" and op.outputs[0].shape.rank == 3]
+    assert not tiled, [op.name for op in tiled]
+
+
+@pytest.mark.parametrize("init", [[[0.0, -0.0], [0.0, 0.0]], [[1.5, 1.5], [1.5, 2.5]]])
+def test_non_uniform_constant_loop_variable_is_tiled_exactly(init):
+    """A constant mixing 0.0 and -0.0 (or differing values) is not filled with one value."""
+    def f(i):
+        scale = 1.0 + tf.cast(i, tf.float32)
+        _, a = tf.while_loop(lambda k, a: k < 2, lambda k, a: (k + 1, a * scale),
+                             (0, tf.constant(init)))
+        return a
+    got, want = tfx_vec.pfor(f, 3).numpy(), reference(f, 3)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
 def test_nested_cond_in_while_and_while_in_cond():
     def f(i):
         xi = _row(i)

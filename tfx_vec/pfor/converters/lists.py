@@ -279,7 +279,40 @@ def stack_like(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None
     if w.t.dtype == tf.variant:
         fresh = original is not None and original.op.type in _FRESH
         return tile_list(w.t, n, handle_dtype(w.t), fresh=fresh)
-    return tile_to_stacked(w.t, n)
+    filled = _fill_stacked(w.t, n)
+    return filled if filled is not None else tile_to_stacked(w.t, n)
+
+
+def _fill_stacked(t: tf.Tensor, n: tf.Tensor) -> tf.Tensor | None:
+    """A constant-filled invariant value (``Fill``, ``ZerosLike``, ``OnesLike`` or a uniform
+    ``Const``: e.g. the zero initial value of a while-loop gradient accumulator) stacked by
+    filling ``[n, ...]`` directly, which writes the result once instead of reading it back
+    as ``Tile`` does (the accumulators of per-example weight gradients are
+    ``[n, *weight.shape]``).  None when ``t`` is not such a value."""
+    kind = getattr(getattr(t, "op", None), "type", None)  # eager tensors have no op
+    lead = tf.reshape(tf.cast(n, tf.int32), [1])
+    if kind == "Fill":
+        dims, value = t.op.inputs
+        return tf.fill(tf.concat([lead, tf.cast(dims, tf.int32)], 0), value)
+    if kind in ("ZerosLike", "OnesLike"):
+        shape = tf.concat([lead, tf.shape(t.op.inputs[0], out_type=tf.int32)], 0)
+        return (tf.zeros if kind == "ZerosLike" else tf.ones)(shape, t.dtype)
+    if kind == "Const" and (t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_bool):
+        v = np.asarray(tf.get_static_value(t))
+        if v.size < 2 or not _uniform(v):
+            return None
+        dims = tf.constant(v.shape, tf.int32)
+        return tf.fill(tf.concat([lead, dims], 0), tf.constant(v.flat[0], t.dtype))
+    return None
+
+
+def _uniform(v: np.ndarray) -> bool:
+    """All elements equal, bit for bit where it matters (NaN never, -0.0 is not 0.0)."""
+    first = v.flat[0]
+    same = np.all(v == first)
+    if same and v.dtype.kind == "f":
+        same = np.all(np.signbit(v) == np.signbit(first))
+    return bool(same)
 
 
 def handle_dtype(handle: tf.Tensor) -> tf.DType:
