@@ -53,3 +53,19 @@ def test_eager_calls_reuse_one_trace_per_signature():
         fib(tf.constant(values), jit_compile=True)
     traced = [f for f in fib._compiled.values() if hasattr(f, "experimental_get_tracing_count")]
     assert traced and all(f.experimental_get_tracing_count() == 1 for f in traced)
+
+
+def test_stack_write_strategy_follows_xla_context():
+    # Under XLA stack writes are unconditional scatters, in a TF graph tf.cond-guarded: both
+    # must agree with the per-member reference, whichever of them decides.
+    from tfx_vec.autobatch.program_counter import _in_xla_context
+    seen = {}
+
+    def probe(key, a):
+        seen[key] = _in_xla_context()
+        return fib(a, scheduler="earliest")
+    x = tf.constant([9, 2, 6, 1, 7])
+    for key, jit in (("graph", False), ("xla", True)):
+        got = tf.function(lambda a, key=key: probe(key, a), jit_compile=jit)(x)
+        np.testing.assert_array_equal(got.numpy(), reference(fib, x))
+    assert seen == {"graph": False, "xla": True} and not _in_xla_context()

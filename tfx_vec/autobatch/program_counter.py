@@ -104,6 +104,14 @@ def _apply_write(stack: Any, write: tuple) -> Any:
 # }}}
 
 
+def _in_xla_context() -> bool:
+    """Is the graph being built compiled by XLA (``jit_compile=True``, here or outside)?"""
+    if tf.executing_eagerly():
+        return False
+    from tensorflow.python.ops import control_flow_util  # no public equivalent
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
 class _Machine:
     """Builds the graph of the runtime for one lowered program and one set of types.
 
@@ -286,11 +294,17 @@ class _Machine:
         writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
                         for v in self.stacks})
 
+        xla = _in_xla_context()
+
         def maybe(nxt, key, stack, write):
-            """Scatter only on steps whose block writes this stack (in place under tf.cond:
-            most steps then skip the O(batch) scatter entirely)."""
+            """Scatter into stacks some block writes.  Under XLA unconditionally (steps whose
+            block does not write scatter to the junk slot, O(batch)): XLA copies the whole
+            [depth, batch] stack out of a conditional whose other branch passes it through,
+            every step.  In a TF graph a ``tf.cond`` skips the scatter for free."""
             if not writers[key]:
                 return stack
+            if xla:
+                return _apply_write(stack, write)
             ran = tf.reduce_any(tf.equal(nxt, writers[key]))
             return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
 
