@@ -2,9 +2,10 @@
 
 ``map_to_gpu(kernel, options)`` takes T1's :class:`~.kernel.PolyKernel`, schedules it (isl's
 scheduler with the options' fusion strategy, or the identity schedule for ``naive()``) and
-returns a :class:`GpuMapping`: one :class:`GpuKernel` per outermost schedule part (a single
-kernel when the outermost band covers every statement; a top-level sequence that cannot be fused
-becomes kernels launched in order).  Inside each kernel, following PPCG/TC:
+returns a :class:`GpuMapping`: one :class:`GpuKernel` per schedule part (a single kernel when
+the outermost band covers every statement; the children of top-level sequence/set nodes, nested
+ones included, become kernels launched in order, so each kernel is one subtree whose statements
+are all mapped).  Inside each kernel, following PPCG/TC:
 
 1. the outermost band is tiled by ``options.tile`` (``poly/tile.py``; members beyond the given
    sizes are split off and run inside the point loops);
