@@ -3,8 +3,9 @@
 Implementations (same inputs, same process):
 
 * ``pc+xla`` (ours): program-counter runtime, ``jit_compile=True``, one XLA program, with the
-  ``sweep_guarded`` block scheduler (every block once per loop step in program order, each
-  behind a ``tf.cond`` on whether any member waits at it).
+  ``sweep_guarded`` block scheduler (every block once per loop step in program order; those
+  that write stacks or touch non-scalar values behind a ``tf.cond`` on whether any member
+  waits at them, the rest masked).
 * ``pc+xla sweep``: the same with unguarded (masked) sweeps.
 * ``pc+xla earliest``: the same with the default earliest-block-first ``switch_case`` dispatch.
 * ``pc``: the program-counter runtime (earliest block) as a non-XLA ``tf.function`` graph.

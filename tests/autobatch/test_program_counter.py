@@ -69,3 +69,17 @@ def test_stack_write_strategy_follows_xla_context():
         got = tf.function(lambda a, key=key: probe(key, a), jit_compile=jit)(x)
         np.testing.assert_array_equal(got.numpy(), reference(fib, x))
     assert seen == {"graph": False, "xla": True} and not _in_xla_context()
+
+
+def test_sweep_guarded_guards_only_blocks_that_write_stacks_or_touch_wide_values():
+    from tfx_vec.autobatch.program_counter import _Machine
+    from tfx_vec.autobatch.types import infer_types, qualified_types, spec_of
+    x = tf.constant([4, 1, 6])
+    types = qualified_types(infer_types(fib.program(), (spec_of(x),)))
+    machine = _Machine(fib.lowered(), types, 8)
+    pushes = [i for i, b in enumerate(fib.lowered().blocks)
+              if any(type(op).__name__ == "Push" for op in b.ops)]
+    guarded = [i for i in range(len(fib.lowered().blocks)) if machine.worth_guarding(i)]
+    assert pushes and guarded == pushes  # fib's values are all [B] scalars
+    np.testing.assert_array_equal(fib(x, scheduler="sweep_guarded", jit_compile=True).numpy(),
+                                  reference(fib, x))

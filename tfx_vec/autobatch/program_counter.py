@@ -63,7 +63,8 @@ def _most_active(pc: tf.Tensor, halt: int) -> tf.Tensor:
 # Block selection.  "earliest"/"most_active" run one block per loop step through
 # tf.switch_case; "sweep" runs every block once per step in program order, each masked to the
 # members waiting at it (no dispatch, members flow through forward jumps within one step: best
-# for cheap blocks); "sweep_guarded" skips blocks no member waits at (tf.cond per block).
+# for cheap blocks); "sweep_guarded" skips blocks no member waits at (tf.cond per block that
+# writes stacks or touches non-scalar values: see _Machine.worth_guarding).
 SCHEDULERS: dict[str, Callable[[tf.Tensor, int], tf.Tensor] | None] = {
     "earliest": _earliest, "most_active": _most_active, "sweep": None, "sweep_guarded": None}
 
@@ -226,6 +227,22 @@ class _Machine:
                  "runs": small["runs"], "members": small["members"]},
                 {"pc_stack": pc_write, "stack": writes})
 
+    def worth_guarding(self, i: int) -> bool:
+        """Should ``sweep_guarded`` put block ``i`` behind a ``tf.cond``?  The guard (a
+        reduction over the batch plus a conditional) costs about as many XLA kernels as a
+        small block, so blocks that write no stack and only compute on per-member scalars
+        (every variable they touch is ``[B]``) run masked without one; blocks with pushes,
+        calls or wider values (whose cost is unknown and may be large) are guarded."""
+        b = self.p.blocks[i]
+        if isinstance(b.terminator, ir.PushJump) or any(
+                isinstance(op, (ir.Push, ir.Update)) for op in b.ops):
+            return True
+        touched = [v for op in b.ops if isinstance(op, ir.Primitive)
+                   for v in (*op.inputs, *op.outputs)]
+        touched += [op.var for op in b.ops if isinstance(op, (ir.Pop, ir.Peek))]
+        return any(v not in self.types or any(
+            s.shape.rank != 1 for s in tf.nest.flatten(self.types[v])) for v in touched)
+
     def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
         """Statically: does block ``i`` write the pc stack, and which variable stacks."""
         b = self.p.blocks[i]
@@ -272,7 +289,7 @@ class _Machine:
             if choose is None:  # a sweep: every block once, in program order
                 for i in range(self.halt):
                     small = count(small, i)
-                    if scheduler == "sweep_guarded":
+                    if scheduler == "sweep_guarded" and self.worth_guarding(i):
                         keys = self.writes_of(i)
                         small, writes = tf.cond(
                             tf.reduce_any(tf.equal(small["pc"], i)),
