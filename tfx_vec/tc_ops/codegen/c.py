@@ -25,6 +25,7 @@ import re
 
 import islpy as isl
 
+from ..errors import TcCompileError
 from ..lang import ast as A
 from ..lang.types import c_type, is_float
 from ..options import MappingOptions
@@ -198,7 +199,8 @@ class CPrinter:
             return self.emit_if(node, ind)
         if t == isl.ast_node_type.user:
             return self.emit_user(node, ind)
-        raise NotImplementedError(f"isl AST node {t}")  # pragma: no cover
+        raise TcCompileError(f"C printer: isl produced an AST node of type {t}, which it cannot "
+                             "print (an internal error; please report the TC)")  # pragma: no cover
 
     def emit_for(self, node: isl.AstNode, ind: int, mark: str | None) -> list[str]:
         pad = "  " * ind
