@@ -26,7 +26,8 @@ def test_readme_has_examples():
 
 
 @pytest.mark.parametrize("k", range(len(BLOCKS)), ids=[f"{_section_of(b)}-{k}" for k, b in enumerate(BLOCKS)])
-def test_readme_block_runs(k, tmp_path, capsys):
+def test_readme_block_runs(k, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)     # examples that write files (e.g. a tuning cache) write them here
     path = tmp_path / f"readme_block_{k}.py"
     path.write_text(BLOCKS[k])
     runpy.run_path(str(path), run_name="__main__")
