@@ -49,10 +49,16 @@ def test_utilization_counters(scheduler):
 
 
 def test_eager_calls_reuse_one_trace_per_signature():
-    for values in ([3, 4, 1], [5, 6, 2], [1, 1, 9]):
+    def traces():
+        return [f for f in fib._compiled.values()
+                if isinstance(f, tf.types.experimental.ConcreteFunction)]
+    fib(tf.constant([3, 4, 1]), jit_compile=True)
+    first = traces()
+    for values in ([5, 6, 2], [1, 1, 9]):
         fib(tf.constant(values), jit_compile=True)
-    traced = [f for f in fib._compiled.values() if hasattr(f, "experimental_get_tracing_count")]
-    assert traced and all(f.experimental_get_tracing_count() == 1 for f in traced)
+    assert first and [id(f) for f in traces()] == [id(f) for f in first]
+    fib(tf.constant([3, 4]), jit_compile=True)  # a new shape: one more trace
+    assert len(traces()) == len(first) + 1
 
 
 def test_stack_write_strategy_follows_xla_context():

@@ -108,15 +108,21 @@ class Branch:
 
 @dataclasses.dataclass(frozen=True)
 class Return:
-    """Function IR: return ``value``.  Stack-machine IR: pop the program counter."""
+    """Function IR: return ``value``.  Stack-machine IR: pop the program counter, or, when
+    ``target`` is set (the function has a single return address), go there directly."""
     value: str | None = None
+    target: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class PushJump:
-    """Stack-machine IR: push ``return_to`` on the program-counter stack, go to ``target``."""
+    """Stack-machine IR: push ``return_to`` on the program-counter stack, go to ``target``.
+
+    ``push=False``: the callee returns to ``return_to`` statically (see
+    :mod:`.passes.static_returns`), so nothing is pushed."""
     target: int
     return_to: int
+    push: bool = True
 
 # }}}
 
@@ -240,9 +246,12 @@ def format_terminator(t: Any, names: list[str]) -> str:
     if isinstance(t, Branch):
         return f"branch {t.cond} ? {names[t.true]} : {names[t.false]}"
     if isinstance(t, PushJump):
-        return f"pushjump {names[t.target]} then {names[t.return_to]}"
+        kind = "pushjump" if t.push else "jump (return address static)"
+        return f"{kind} {names[t.target]} then {names[t.return_to]}"
     if isinstance(t, Return):
-        return "return" + (f" {t.value}" if t.value else "")
+        to = "" if t.target is None else (
+            f" to {names[t.target]}" if t.target < len(names) else " to halt")
+        return "return" + (f" {t.value}" if t.value else "") + to
     return repr(t)
 
 

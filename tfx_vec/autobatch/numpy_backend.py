@@ -113,10 +113,13 @@ def run(program: ir.Program, lowered: ir.Program, args: Sequence[Any], *,
             pc[active & cond] = t.true
             pc[active & ~cond] = t.false
         elif isinstance(t, ir.PushJump):
-            if np.any(active & (pc_sp > depth)):
-                _overflow(active & (pc_sp > depth), depth, lowered.main)
-            pc_stack[pc_sp[active], members[active]] = t.return_to
-            pc_sp[active] += 1
+            if t.push:
+                if np.any(active & (pc_sp > depth)):
+                    _overflow(active & (pc_sp > depth), depth, lowered.main)
+                pc_stack[pc_sp[active], members[active]] = t.return_to
+                pc_sp[active] += 1
+            pc[active] = t.target
+        elif t.target is not None:  # a static return address
             pc[active] = t.target
         else:
             pc_sp[active] -= 1

@@ -105,6 +105,11 @@ def _apply_write(stack: Any, write: tuple) -> Any:
 # }}}
 
 
+def _pushes_pc(t: Any) -> bool:
+    """Does terminator ``t`` write the program-counter stack?"""
+    return isinstance(t, ir.PushJump) and t.push
+
+
 def _in_xla_context() -> bool:
     """Is the graph being built compiled by XLA (``jit_compile=True``, here or outside)?"""
     if tf.executing_eagerly():
@@ -211,6 +216,8 @@ class _Machine:
         elif isinstance(t, ir.Branch):
             cond = tf.cast(read(t.cond), tf.bool)
             pc = tf.where(active, tf.where(cond, t.true, t.false), pc)
+        elif isinstance(t, ir.PushJump) and not t.push:  # the callee returns statically
+            pc = tf.where(active, t.target, pc)
         elif isinstance(t, ir.PushJump):
             fits = pc_sp < self.depth + 1
             overflow = overflow | (active & ~fits)
@@ -218,10 +225,12 @@ class _Machine:
             pc_write = (pc_sp, ok, tf.fill([batch], t.return_to))
             pc_sp = pc_sp + tf.cast(ok, tf.int32)
             pc = tf.where(ok, t.target, pc)
+        elif t.target is not None:  # Return to a static address
+            pc = tf.where(active, t.target, pc)
         else:  # Return
             pc_sp = pc_sp - tf.cast(active, tf.int32)
             pc = tf.where(active, _read_slot(big["pc_stack"], pc_sp, self.depth + 1), pc)
-        if any(isinstance(op, ir.Push) for op in b.ops) or isinstance(t, ir.PushJump):
+        if any(isinstance(op, ir.Push) for op in b.ops) or _pushes_pc(t):
             pc = tf.where(overflow, self.halt, pc)  # only these can overflow
         return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp,
                  "runs": small["runs"], "members": small["members"]},
@@ -234,7 +243,7 @@ class _Machine:
         (every variable they touch is ``[B]``) run masked without one; blocks with pushes,
         calls or wider values (whose cost is unknown and may be large) are guarded."""
         b = self.p.blocks[i]
-        if isinstance(b.terminator, ir.PushJump) or any(
+        if _pushes_pc(b.terminator) or any(
                 isinstance(op, (ir.Push, ir.Update)) for op in b.ops):
             return True
         touched = [v for op in b.ops if isinstance(op, ir.Primitive)
@@ -246,7 +255,7 @@ class _Machine:
     def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
         """Statically: does block ``i`` write the pc stack, and which variable stacks."""
         b = self.p.blocks[i]
-        return (isinstance(b.terminator, ir.PushJump),
+        return (_pushes_pc(b.terminator),
                 tuple(dict.fromkeys(op.var for op in b.ops
                                     if isinstance(op, (ir.Push, ir.Update)))))
 
@@ -385,15 +394,27 @@ def _graph_checks(result: Any, status: Status, opts: Mapping[str, Any], name: st
         return tf.nest.map_structure(tf.identity, result)
 
 
+def _signature_key(args: tuple) -> tuple:
+    """A cheap hashable key for the structure, shapes and dtypes of ``args``."""
+    leaves = tf.nest.flatten(args)
+    return (tf.nest.map_structure(lambda _: 0, args) if len(leaves) > 1 else len(leaves),
+            tuple((tuple(x.shape), x.dtype) for x in leaves))
+
+
 @tf.autograph.experimental.do_not_convert
 def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
-    """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls)."""
+    """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls).
+
+    Eagerly, each input signature and option set gets one traced ``ConcreteFunction`` (called
+    directly: a ``tf.function`` call would redo its signature matching every time, ~60 us).
+    """
     args = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
     program = fn.lowered()
-    specs = tuple(spec_of(a) for a in args)
-    key = (repr(specs), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
-           opts["utilization"])
+    opt_key = (opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
+               opts["utilization"])
+    key = (_signature_key(args),) + opt_key
     if key not in fn._compiled:
+        specs = tuple(spec_of(a) for a in args)
         fn._compiled[key] = qualified_types(infer_types(fn.program(), specs))
     types = fn._compiled[key]
 
@@ -407,8 +428,9 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
         return _graph_checks(result, status, opts, fn.__name__)
     jkey = key + (bool(opts["jit_compile"]),)
     if jkey not in fn._compiled:
-        fn._compiled[jkey] = tf.function(go, jit_compile=bool(opts["jit_compile"]),
-                                         autograph=False)
+        fn._compiled[jkey] = tf.function(
+            go, jit_compile=bool(opts["jit_compile"]), autograph=False).get_concrete_function(
+                *(spec_of(a) for a in args))
     result, status = fn._compiled[jkey](*args)
     fn.last_status = status
     _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)

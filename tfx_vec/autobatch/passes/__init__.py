@@ -1,7 +1,7 @@
 """Compiler passes, one per module, each ``Program -> Program`` (never mutating its input).
 
 :func:`pipeline` is the one place the chain is written:
-liveness -> lowering -> stack elision -> pop/push fusion -> allocation.
+liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> allocation.
 
 Example:
     >>> from tfx_vec import autobatch as ab
@@ -20,10 +20,12 @@ from .fuse_pop_push import fuse_pop_push
 from .liveness import liveness
 from .lowering import lower
 from .stack_elision import elide_stacks
+from .static_returns import static_returns
 
-__all__ = ["pipeline", "liveness", "lower", "elide_stacks", "fuse_pop_push", "allocate"]
+__all__ = ["pipeline", "liveness", "lower", "elide_stacks", "fuse_pop_push", "static_returns",
+           "allocate"]
 
-STAGES = (liveness, lower, elide_stacks, fuse_pop_push, allocate)
+STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, allocate)
 
 
 def pipeline(program: ir.Program) -> ir.Program:
