@@ -3,6 +3,11 @@
 Each NAME is a module in this folder with a ``run(quick: bool) -> harness.Report`` function
 (``pfor_autobatch``, ``tc_cpu``, ...); with no NAME every such module runs.  Tables go to
 stdout; JSON and PNG go to ``benchmarks/results/``.
+
+``--intra-op-threads N`` sets TensorFlow's (and so XLA:CPU's) intra-op thread pool for the
+whole process, ours and the peers alike, and saves results as ``NAME_intraN``: on a small
+shared machine XLA:CPU splits even 1024-element loops over the pool, which costs more than it
+gains for programs made of many small kernels.
 """
 import argparse
 import importlib
@@ -25,12 +30,17 @@ def available() -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes and few repeats")
+    ap.add_argument("--intra-op-threads", type=int, default=0, metavar="N",
+                    help="TensorFlow intra-op threads for the whole process (default: TF's)")
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {available()}")
     args = ap.parse_args(argv)
     names = args.names or available()
     unknown = sorted(set(names) - set(available()))
     if unknown:
         ap.error(f"unknown benchmark(s) {unknown}; available: {available()}")
+    if args.intra_op_threads:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     failed = []
     for name in names:
         print(f"\n## {name}{' (quick)' if args.quick else ''}\n", flush=True)
@@ -40,6 +50,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             failed.append(name)
             continue
+        if args.intra_op_threads:
+            report.name += f"_intra{args.intra_op_threads}"
         print(report.table())
         if report.notes:
             print("\n" + report.notes)
