@@ -302,6 +302,10 @@ def elementwise(*op_types: str) -> None:
     """Register unary ops that act on each element independently."""
 
     def _elementwise(x: ConversionInput):
+        if len(x.inputs) == 1 and x.op.inputs[0].dtype == tf.variant:
+            # Identity of a list: ``_replace`` keeps what a list value carries besides its
+            # handle (the per-row element counts of ``lists.RowCountedList``).
+            return [x.input(0)._replace(t=create_op_like(x.op, [x.input(0).t])[0])]
         if len(x.inputs) == 1 and same_static_shape(x.op.inputs[0], x.op.outputs[0]):
             out = map_folded(x.input(0).t, lambda t: create_op_like(x.op, [t])[0])
             if out is not None:

@@ -36,7 +36,8 @@ from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
 from tfx_vec.pfor.converters._helpers import create_op_like
-from tfx_vec.pfor.converters.lists import handle_dtype, restore_shapes, stack_like
+from tfx_vec.pfor.converters.lists import (RowCountedList, counted_parts, handle_dtype,
+                                           restore_shapes, slice_counted, stack_like)
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -83,8 +84,13 @@ def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]
     return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
 
 
-def _placeholder_like(w: WrappedTensor, stacked: bool) -> WrappedTensor:
-    """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle)."""
+def _placeholder_like(w: WrappedTensor, stacked: bool, counted: bool = False) -> WrappedTensor:
+    """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle;
+    ``counted``: a list with per-row element counts)."""
+    if counted:
+        ints = lambda: tf.compat.v1.placeholder(tf.int32, [None])
+        rows = ints() if isinstance(w, RowCountedList) and w.rows is not None else None
+        return RowCountedList(tf.compat.v1.placeholder(tf.variant, []), ints(), ints(), rows)
     shape = w.t.shape
     if stacked and not w.is_stacked and w.t.dtype != tf.variant:
         shape = tf.TensorShape([None]).concatenate(shape)
@@ -99,7 +105,17 @@ def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
             flags: Sequence[bool] | None = None) -> list[bool]:
     """Which outputs of ``graph`` come out stacked for ``inputs`` (made stacked where
     ``flags`` says so), converted in a scratch graph that is then thrown away."""
+    return dry_run_kinds(x, graph, inputs, flags)[0]
+
+
+def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
+                  flags: Sequence[bool] | None = None,
+                  counted: Sequence[bool] | None = None) -> tuple[list[bool], list[bool]]:
+    """:func:`dry_run`, also saying which outputs are lists with per-row element counts
+    (``counted``: which inputs are such lists; default: those given as such)."""
     flags = [w.is_stacked for w in inputs] if flags is None else flags
+    if counted is None:
+        counted = [isinstance(w, RowCountedList) for w in inputs]
     from tfx_vec.pfor import vectorizer as vmod
     saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
     saved_list = list(getattr(x.vectorizer, "fallbacks", []))
@@ -107,9 +123,10 @@ def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
     try:
         with scratch.as_default():
             n = tf.compat.v1.placeholder(tf.int32, [])
-            outs = _convert(x, graph, [_placeholder_like(w, f) for w, f in zip(inputs, flags)],
-                            n)
-            return [w.is_stacked for w in outs]
+            outs = _convert(x, graph, [_placeholder_like(w, f, c)
+                                       for w, f, c in zip(inputs, flags, counted)], n)
+            return ([w.is_stacked for w in outs],
+                    [isinstance(w, RowCountedList) for w in outs])
     finally:
         if hasattr(vmod, "_FALLBACKS"):
             vmod._FALLBACKS.clear()
@@ -139,6 +156,8 @@ def _slice_iteration(w: WrappedTensor, original: tf.Tensor, j: tf.Tensor) -> tf.
     """Iteration ``j``'s value of ``w`` (an internally stacked list is unstacked too)."""
     if not w.is_stacked:
         return w.t
+    if isinstance(w, RowCountedList):
+        return slice_counted(w, j, handle_dtype(original))
     if w.t.dtype == tf.variant and w.t.shape.rank == 0:
         dense = list_ops.tensor_list_stack(w.t, handle_dtype(original))  # [length, n, ...]
         return list_ops.tensor_list_from_tensor(tf.gather(dense, j, axis=1),
@@ -225,7 +244,12 @@ def _conditional(x: ConversionInput):
 
 
 def _invariant_conditional(x, index, graphs, args):
-    flags = [any(fs) for fs in zip(*(dry_run(x, g, args) for g in graphs))]
+    kinds = [dry_run_kinds(x, g, args) for g in graphs]
+    if (any(isinstance(w, RowCountedList) for w in args)
+            or any(any(counted) for _, counted in kinds)):
+        return run_per_iteration(x, {}, "lists whose iterations hold different numbers of "
+                                        "elements cannot pass through a conditional")
+    flags = [any(fs) for fs in zip(*(stacked for stacked, _ in kinds))]
 
     def branch(g):
         def run():
@@ -278,6 +302,9 @@ class _While:
 
     Loop variables the body passes through unchanged and that are loop-invariant (captured
     weights, variable handles) are not carried by the new loop: the body closes over them.
+    A list loop variable with per-row element counts (:class:`RowCountedList`) is carried as
+    three tensors (buffer, starts, ends); in the loop over the still-active rows it is never
+    compacted: the body sees it with ``rows`` = the buffer rows of the active iterations.
     """
 
     def __init__(self, x: ConversionInput):
@@ -289,36 +316,93 @@ class _While:
         self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
         self.parallel_iterations = x.attr("parallel_iterations") or 10
         self.carried: list[bool] = []
+        self.counted = [isinstance(w, RowCountedList) for w in x.inputs]
+        self.is_list = [t.dtype == tf.variant for t in x.op.inputs]
 
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
-        """Fixed point: a variable is stacked if its initial value or the body makes it so."""
+        """Fixed point: a variable is stacked if its initial value or the body makes it so
+        (and a list has per-row counts if its initial value or the body gives it some)."""
         while True:
-            out = dry_run(self.x, self.body, self.x.inputs, flags)
-            new = [f or o for f, o in zip(flags, out)]
-            if new == flags:
+            stacked, counted = dry_run_kinds(self.x, self.body, self.x.inputs, flags,
+                                             self.counted)
+            new = [f or o for f, o in zip(flags, stacked)]
+            new_counted = [c or o for c, o in zip(self.counted, counted)]
+            if new == flags and new_counted == self.counted:
                 return flags
-            flags = new
+            flags, self.counted = new, new_counted
 
     def _set_flags(self, flags: list[bool]) -> list[bool]:
         self.carried = [not (p and not f) for p, f in zip(self.pass_through, flags)]
         return flags
 
-    def _init(self, flags) -> list[tf.Tensor]:
-        """Initial values of the carried variables (stacked ones tiled as needed)."""
-        return [_stack(w, self.n, o) if f else w.t
-                for w, f, o, c in zip(self.x.inputs, flags, self.x.op.inputs, self.carried) if c]
-
-    def _full(self, carried: Sequence[tf.Tensor], flags) -> list[WrappedTensor]:
-        """All loop variables: the carried values, and the invariant pass-through inputs."""
-        it = iter(carried)
-        return [WrappedTensor(next(it), f) if c else self.x.inputs[i]
-                for i, (f, c) in enumerate(zip(flags, self.carried))]
-
     def _carry(self, values: Sequence) -> list:
         return [v for v, c in zip(values, self.carried) if c]
 
+    # {{{ loop state: carried variables <-> flat tensors (a counted list is three)
+
+    def _init(self, flags) -> list[tf.Tensor]:
+        """Initial values of the carried variables (stacked ones tiled as needed)."""
+        flat = []
+        for i, (w, f, o) in enumerate(zip(self.x.inputs, flags, self.x.op.inputs)):
+            if not self.carried[i]:
+                continue
+            if self.counted[i]:
+                flat.extend(counted_parts(w, self.n, o)[:3])
+            else:
+                flat.append(_stack(w, self.n, o) if f else w.t)
+        return flat
+
     def _invariants(self, flags) -> list[tf.TensorShape]:
-        return self._carry([self.shape_invariant(i, f) for i, f in enumerate(flags)])
+        out = []
+        for i, f in enumerate(flags):
+            if self.carried[i]:
+                out.extend([tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None])]
+                           if self.counted[i] else [self.shape_invariant(i, f)])
+        return out
+
+    def _list_rows(self, i: int, rows: tf.Tensor | None) -> tf.Tensor | None:
+        """Buffer rows of list ``i`` owned by the loop rows ``rows`` (None: all, in order)."""
+        base = self.x.inputs[i].rows if isinstance(self.x.inputs[i], RowCountedList) else None
+        if rows is None:
+            return base
+        return rows if base is None else tf.gather(base, rows)
+
+    def _values(self, flat: Sequence[tf.Tensor], flags, rows=None) -> list[WrappedTensor]:
+        """All loop variables from the flat carried state (``rows``: the active loop rows)."""
+        it, out = iter(flat), []
+        for i, f in enumerate(flags):
+            if not self.carried[i]:
+                out.append(self.x.inputs[i])
+            elif self.counted[i]:
+                buf, starts, ends = next(it), next(it), next(it)
+                out.append(RowCountedList(buf, starts, ends, self._list_rows(i, rows)))
+            else:
+                out.append(WrappedTensor(next(it), f))
+        return out
+
+    def _flat(self, outs: Sequence[WrappedTensor], ins: Sequence[WrappedTensor], flags, n
+              ) -> list[tf.Tensor]:
+        """Flat carried state from the body's outputs ``outs`` (``ins``: its inputs)."""
+        flat = []
+        for i, (w, f) in enumerate(zip(outs, flags)):
+            if not self.carried[i]:
+                continue
+            if not self.counted[i]:
+                flat.append(_stack(w, n) if f else w.t)
+                continue
+            expected = ins[i].rows
+            if isinstance(w, RowCountedList) and w.rows is expected:
+                flat.extend([w.t, w.starts, w.ends])
+            elif not isinstance(w, RowCountedList) and expected is None:
+                flat.extend(counted_parts(w, n)[:3])
+            else:
+                raise self.x.error(
+                    f"loop variable {i} (a TensorList) is replaced in the body by a list not "
+                    "derived from it, in a while loop whose trip count depends on the loop "
+                    "index; pfor cannot keep each iteration's own list")
+        return flat
+
+    # }}}
 
     def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
         shape = self.x.op.outputs[i].shape
@@ -329,61 +413,64 @@ class _While:
     def convert(self):
         x = self.x
         flags = self._set_flags(self.stacked_flags([w.is_stacked for w in x.inputs]))
-        cond_stacked = dry_run(x, self.cond, x.inputs, flags)[0]
+        cond_stacked = dry_run_kinds(x, self.cond, x.inputs, flags, self.counted)[0][0]
         if not cond_stacked:
             return self.invariant_cond(flags)
-        if any((f or not p) and w.t.dtype == tf.variant
-               for w, f, p in zip(x.inputs, flags, self.pass_through)):
-            return self.per_iteration()  # neither compaction nor masking applies to lists
+        lists = [(f or not p) and v for f, p, v in zip(flags, self.pass_through, self.is_list)]
+        if any(lists):
+            if in_xla_context(x):
+                return self.per_iteration()  # per-row list counts need data-dependent shapes
+            # Iterations finish at different steps: their lists get per-row counts.
+            self.counted = [c or l for c, l in zip(self.counted, lists)]
+            flags = self._set_flags(self.stacked_flags([f or l for f, l in zip(flags, lists)]))
+            return self.partitioned(flags)
         if in_xla_context(x):
             return self.masked(flags)
         return self.partitioned(flags)
 
     def per_iteration(self):
-        """Stacked TensorLists in a loop whose trip count varies: the lists would be ragged
-        across iterations, so the While op runs once per iteration; invariant pass-through
-        inputs (weights, variable handles) stay invariant."""
+        """Stacked TensorLists in a loop whose trip count varies, under XLA: the While op
+        runs once per iteration; invariant pass-through inputs stay invariant."""
         x = self.x
         same = {i: x.inputs[i] for i in range(self.k)
                 if self.pass_through[i] and not x.inputs[i].is_stacked}
         return run_per_iteration(x, same, "a while loop whose trip count depends on the loop "
-                                          "index carries TensorLists (e.g. gradient "
-                                          "accumulators) that would be ragged across iterations")
+                                          "index carries TensorLists, which need "
+                                          "data-dependent shapes that XLA cannot compile")
 
-    def _cond_value(self, carried, flags, n) -> WrappedTensor:
-        return _convert(self.x, self.cond, self._full(carried, flags), n)[0]
+    def _cond_value(self, values, n) -> WrappedTensor:
+        return _convert(self.x, self.cond, values, n)[0]
 
-    def _body_fn(self, flags, n_fn: Callable[[], tf.Tensor]):
-        def body(*carried):
-            outs = _convert(self.x, self.body, self._full(carried, flags), n_fn())
-            return self._carry([_stack(w, n_fn()) if f else w.t for w, f in zip(outs, flags)])
-        return body
+    def _run_body(self, values, flags, n) -> list[tf.Tensor]:
+        return self._flat(_convert(self.x, self.body, values, n), values, flags, n)
 
     def invariant_cond(self, flags):
         """One loop: every iteration runs the same number of steps."""
-        def cond(*carried):
-            return tf.reshape(self._cond_value(carried, flags, self.n).t, [])
+        def cond(*flat):
+            return tf.reshape(self._cond_value(self._values(flat, flags), self.n).t, [])
 
-        outs = tf.while_loop(cond, self._body_fn(flags, lambda: self.n), self._init(flags),
+        def body(*flat):
+            return self._run_body(self._values(flat, flags), flags, self.n)
+
+        outs = tf.while_loop(cond, body, self._init(flags),
                              shape_invariants=self._invariants(flags),
                              parallel_iterations=self.parallel_iterations)
-        return self._full(outs if isinstance(outs, (list, tuple)) else [outs], flags)
+        return self._values(outs if isinstance(outs, (list, tuple)) else [outs], flags)
 
     def masked(self, flags):
-        """XLA form: run the body on every iteration, keep the values of the active ones."""
+        """XLA form: run the body on every iteration, keep the values of the active ones
+        (no carried lists here)."""
         n = self.n
         flags = self._set_flags([f or not p for f, p in zip(flags, self.pass_through)])
         carried_flags = self._carry(flags)
 
-        def active_of(carried):
-            return tf.reshape(_stack(self._cond_value(carried, flags, n), n), [-1])
+        def active_of(flat):
+            return tf.reshape(_stack(self._cond_value(self._values(flat, flags), n), n), [-1])
 
-        body_fn = self._body_fn(flags, lambda: n)
-
-        def body(active, *carried):
-            new = body_fn(*carried)
+        def body(active, *flat):
+            new = self._run_body(self._values(flat, flags), flags, n)
             merged = [_select(active, WrappedTensor(a, f), WrappedTensor(b, f), n).t if f else a
-                      for a, b, f in zip(new, carried, carried_flags)]
+                      for a, b, f in zip(new, flat, carried_flags)]
             return [active & active_of(merged)] + merged
 
         init = self._init(flags)
@@ -391,7 +478,7 @@ class _While:
                              [active_of(init)] + init,
                              shape_invariants=[tf.TensorShape([None])] + self._invariants(flags),
                              parallel_iterations=self.parallel_iterations)
-        return self._full(outs[1:], flags)
+        return self._values(outs[1:], flags)
 
     def partitioned(self, flags):
         """Paper §3.7: track the active iterations; finished ones go to TensorArrays.
@@ -399,19 +486,38 @@ class _While:
         Each step evaluates the condition on the active rows; only when some row finished
         (a ``tf.cond``, so steps where none finishes pay nothing) are the finished rows written
         to per-iteration TensorArrays and the loop state compacted to the remaining rows.
+        Counted lists are not compacted: they keep every row, the body touches the active
+        ones (``RowCountedList.rows``), and their final state is the loop's.
         """
         x, n = self.x, self.n
-        cflags = self._carry(flags)
-        k = len(cflags)
         carried_idx = self._carry(range(self.k))
-        # Carried positions whose final value is per iteration (not a pass-through).
-        tracked = [j for j, i in enumerate(carried_idx) if not self.pass_through[i]]
-        outputs = self._carry(x.op.outputs)
-        tas = [tf.TensorArray(outputs[j].dtype, size=n, infer_shape=False,
-                              element_shape=(outputs[j].shape
-                                             if outputs[j].shape.is_fully_defined() else None))
+        tensor_idx = [i for i in carried_idx if not self.counted[i]]
+        list_idx = [i for i in carried_idx if self.counted[i]]
+        kt, kl = len(tensor_idx), 3 * len(list_idx)
+        # Carried tensors whose final value is per iteration (not a pass-through).
+        tracked = [j for j, i in enumerate(tensor_idx) if not self.pass_through[i]]
+        tas = [tf.TensorArray(x.op.outputs[tensor_idx[j]].dtype, size=n, infer_shape=False,
+                              element_shape=(x.op.outputs[tensor_idx[j]].shape
+                                             if x.op.outputs[tensor_idx[j]].shape
+                                             .is_fully_defined() else None))
                for j in tracked]
+        tflags = [flags[i] for i in tensor_idx]
         invariants = self._invariants(flags)
+
+        def split(flat):  # the flat carried state (in variable order) -> tensors, list parts
+            it, tensors, parts = iter(flat), [], []
+            for i in carried_idx:
+                if self.counted[i]:
+                    parts.extend([next(it), next(it), next(it)])
+                else:
+                    tensors.append(next(it))
+            return tensors, parts
+
+        def join(tensors, parts):
+            ti, pi, flat = iter(tensors), iter(parts), []
+            for i in carried_idx:
+                flat.extend([next(pi), next(pi), next(pi)] if self.counted[i] else [next(ti)])
+            return flat
 
         def compact(c, rows, vars_, tas_):
             done_pos, keep_pos = tf.dynamic_partition(tf.range(tf.size(rows)),
@@ -419,38 +525,51 @@ class _While:
             done_rows = tf.gather(rows, done_pos)
             new_tas = []
             for j, ta in zip(tracked, tas_):
-                done_vals = (tf.gather(vars_[j], done_pos) if cflags[j]
+                done_vals = (tf.gather(vars_[j], done_pos) if tflags[j]
                              else tile_to_stacked(vars_[j], tf.size(done_pos)))
                 new_tas.append(ta.scatter(done_rows, done_vals))
-            kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, cflags)]
+            kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, tflags)]
             return [tf.gather(rows, keep_pos)] + kept + new_tas
 
         def body(not_done, rows, *state):
-            vars_, tas_ = list(state[:k]), list(state[k:])
-            c = self._cond_value(vars_, flags, tf.size(rows))
-            c = tf.reshape(_stack(c, tf.size(rows)), [-1])
+            vars_, parts, tas_ = (list(state[:kt]), list(state[kt:kt + kl]),
+                                  list(state[kt + kl:]))
+            m = tf.size(rows)
+            c = self._cond_value(self._values(join(vars_, parts), flags, rows), m)
+            c = tf.reshape(_stack(c, m), [-1])
             out = tf.cond(tf.reduce_all(c), lambda: [rows] + vars_ + tas_,
                           lambda: compact(c, rows, vars_, tas_))
-            rows, vars_, tas_ = out[0], list(out[1:1 + k]), list(out[1 + k:])
-            for v, shape in zip(vars_, invariants):
+            rows, vars_, tas_ = out[0], list(out[1:1 + kt]), list(out[1 + kt:])
+            rows.set_shape([None])
+            flat = join(vars_, parts)
+            for v, shape in zip(flat, invariants):
                 v.set_shape(shape)
             not_done = tf.size(rows) > 0
-            body_fn = self._body_fn(flags, lambda: tf.size(rows))
-            new = tf.cond(not_done, lambda: body_fn(*vars_), lambda: vars_)
+            values = self._values(flat, flags, rows)
+            new = tf.cond(not_done, lambda: self._run_body(values, flags, tf.size(rows)),
+                          lambda: flat)
             if not isinstance(new, (list, tuple)):
                 new = [new]
-            return [not_done, rows] + list(new) + tas_
+            new_vars, new_parts = split(new)
+            return [not_done, rows] + new_vars + new_parts + tas_
 
+        init_vars, init_parts = split(self._init(flags))
+        t_inv, p_inv = split(invariants)
         res = tf.while_loop(lambda not_done, *_: not_done, body,
-                            [tf.constant(True), tf.range(n)] + self._init(flags) + tas,
+                            [tf.constant(True), tf.range(n)] + init_vars + init_parts + tas,
                             shape_invariants=([tf.TensorShape([]), tf.TensorShape([None])]
-                                              + invariants
+                                              + t_inv + p_inv
                                               + [tf.TensorShape(None)] * len(tracked)),
                             parallel_iterations=self.parallel_iterations)
-        final = dict(zip(tracked, res[2 + k:]))
+        final = dict(zip(tracked, res[2 + kt + kl:]))
+        lists = iter(res[2 + kt:2 + kt + kl])
         outs = []
         for i in range(self.k):
-            j = carried_idx.index(i) if self.carried[i] else None
+            if self.carried[i] and self.counted[i]:
+                buf, starts, ends = next(lists), next(lists), next(lists)
+                outs.append(RowCountedList(buf, starts, ends, self._list_rows(i, None)))
+                continue
+            j = tensor_idx.index(i) if i in tensor_idx else None
             if j is not None and j in final:
                 stacked_out = final[j].stack()
                 stacked_out.set_shape(self.shape_invariant(i, True))

@@ -10,6 +10,18 @@ iteration-dependent write) is tiled element-wise by :func:`tile_list`.
 A loop-variant *index* is served by stacking the list to a ``[length, n, ...]`` tensor and
 gathering per iteration; writes at a loop-variant index are declined (per-iteration fallback).
 
+Lists whose rows hold different numbers of elements (:class:`RowCountedList`: the lists a
+``while`` loop with a loop-variant trip count pushes to, e.g. the accumulators of a
+per-example-length RNN's gradient) keep the same buffer -- one list of ``[N, ...]`` elements --
+plus per-row ``starts``/``ends`` (``[N]`` int32: row ``r``'s list is row ``r`` of buffer
+elements ``starts[r] .. ends[r]-1``; positions past ``ends[r]`` hold junk) and ``rows``, the
+buffer rows the current (possibly compacted) iterations own.  While the owned rows' ends
+agree, PushBack/PopBack/GetItem/SetItem stay single list ops (plus a row scatter/gather); when
+they disagree (e.g. the first pop of a gradient loop, whose examples ran for different
+lengths) the buffer is realigned once so that every row ends at the same position, after
+which each example pops its own last element in lockstep.  A result that would be ragged
+(TensorListStack of rows with different counts) is a run-time VectorizationError.
+
 Example:
     >>> import tensorflow as tf, tfx_vec
     >>> def body(i):
@@ -26,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_list_ops, handle_data_util, list_ops
 
+from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -47,11 +60,12 @@ def _static_shape(shape: tf.Tensor):
     return [None if d < 0 else int(d) for d in v.reshape(-1)]
 
 
-def _stacked_element_shape(shape: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
-    """Element shape for the stacked list: ``[n, *shape]``, or -1 (unknown) when partial."""
+def _stacked_element_shape(shape: tf.Tensor, n: tf.Tensor):
+    """Element shape for the stacked list: ``[n, *shape]``, or None (unknown) when partial
+    (not a -1 tensor: captured into a ``tf.cond`` branch it would lose its static value)."""
     dims = _static_shape(shape)
     if dims is None or any(d is None for d in dims):
-        return tf.constant(-1, tf.int32)
+        return None
     return tf.concat([tf.reshape(tf.cast(n, tf.int32), [1]), tf.constant(dims, tf.int32)], 0)
 
 
@@ -128,17 +142,23 @@ def restore_shapes(x: ConversionInput, outs):
     return outs
 
 
-def list_converter(*op_types: str):
+def list_converter(*op_types: str, counted: bool = False):
     """``register_converter`` for list ops, declining vectors of per-iteration lists.
 
     Elements read from a list often have no static shape (the list's element shape is
     unknown); the original op's output shape is restored on the stacked result, so that the
-    ops consuming it (e.g. broadcasting ones) still know their ranks.
+    ops consuming it (e.g. broadcasting ones) still know their ranks.  ``counted``: the
+    converter handles :class:`RowCountedList` inputs (otherwise they are an error naming the
+    op: running it per iteration could not tell each row's elements).
     """
     def decorate(fn):
         def converter(x: ConversionInput):
             if _per_iteration_lists(x):
                 return None
+            if not counted and any(isinstance(w, RowCountedList) for w in x.inputs):
+                raise x.error("this TensorList op does not handle lists whose iterations hold "
+                              "different numbers of elements (pushed in a while loop whose "
+                              "trip count depends on the loop index)")
             return restore_shapes(x, fn(x))
         converter.__name__ = fn.__name__
         register_converter(*op_types)(converter)
@@ -156,6 +176,274 @@ def _out(t: tf.Tensor, stacked: bool = True) -> WrappedTensor:
 # }}}
 
 
+# {{{ lists with per-row element counts
+
+class RowCountedList(WrappedTensor):
+    """A stacked list whose rows may hold different numbers of elements.
+
+    ``t`` is one TensorList whose elements are ``[N, *element_shape]``; row ``r``'s list is
+    row ``r`` of elements ``starts[r] .. ends[r] - 1`` (``starts``/``ends``: ``[N]`` int32).
+    ``rows`` (``[m]`` int32, or None for ``range(N)``) are the buffer rows owned by the ``m``
+    iterations currently converted: the active iterations of a ``while`` loop with a
+    loop-variant trip count, which runs its body on those rows only while the list keeps all
+    ``N`` rows.  Ops touch only the owned rows; the values they produce have ``m`` rows.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from tensorflow.python.ops import list_ops
+        >>> buf = list_ops.tensor_list_from_tensor(tf.zeros([3, 2]), tf.constant(-1))
+        >>> w = RowCountedList(buf, tf.constant([0, 0]), tf.constant([3, 1]))
+        >>> (w.is_stacked, w.ends.numpy().tolist())
+        (True, [3, 1])
+    """
+
+    def __new__(cls, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
+                rows: tf.Tensor | None = None):
+        self = super().__new__(cls, t, True)
+        self.starts, self.ends, self.rows = starts, ends, rows
+        return self
+
+    def _replace(self, **kw):  # keep the counts when a handle is re-emitted (Identity)
+        return RowCountedList(kw.get("t", self.t), self.starts, self.ends, self.rows)
+
+    def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor) -> "RowCountedList":
+        """Same owned rows, new buffer and counts."""
+        return RowCountedList(t, starts, ends, self.rows)
+
+
+def counted_parts(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None):
+    """``(buffer, starts, ends, rows)`` of a list value: a uniform (or invariant) list has
+    every row at ``[0, length)``."""
+    if isinstance(w, RowCountedList):
+        return w.t, w.starts, w.ends, w.rows
+    t = stack_like(w, n, original)
+    n = tf.cast(n, tf.int32)
+    return t, tf.zeros([n], tf.int32), tf.fill([n], list_ops.tensor_list_length(t)), None
+
+
+def _owned(v: tf.Tensor, rows: tf.Tensor | None) -> tf.Tensor:
+    """The owned rows of a per-buffer-row value."""
+    return v if rows is None else tf.gather(v, rows)
+
+
+def _to_buffer_rows(values: tf.Tensor, rows: tf.Tensor | None, n_rows: tf.Tensor) -> tf.Tensor:
+    """``[m, ...]`` values of the owned rows -> ``[N, ...]`` (zeros elsewhere: junk rows)."""
+    if rows is None:
+        return values
+    shape = tf.concat([tf.reshape(n_rows, [1]), tf.shape(values)[1:]], 0)
+    return tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
+
+
+def _add_owned(v: tf.Tensor, rows: tf.Tensor | None, delta: tf.Tensor) -> tf.Tensor:
+    if rows is None:
+        return v + delta
+    return tf.tensor_scatter_nd_add(v, tf.expand_dims(rows, 1),
+                                    tf.broadcast_to(delta, tf.shape(rows)))
+
+
+def _set_owned(v: tf.Tensor, rows: tf.Tensor | None, values: tf.Tensor) -> tf.Tensor:
+    if rows is None:
+        return values
+    return tf.tensor_scatter_nd_update(v, tf.expand_dims(rows, 1), values)
+
+
+def _agree(v: tf.Tensor):
+    """(all entries of ``v`` equal, their value; 0 for an empty ``v``)."""
+    hi = tf.reduce_max(tf.concat([v, [tf.int32.min]], 0))
+    lo = tf.reduce_min(tf.concat([v, [tf.int32.max]], 0))
+    return (hi <= lo) | (tf.size(v) == 0), tf.maximum(hi, 0)
+
+
+def _n_rows(w: RowCountedList) -> tf.Tensor:
+    return tf.size(w.starts)
+
+
+def _dense(handle: tf.Tensor, dtype: tf.DType, shape) -> tf.Tensor:
+    """The buffer as ``[N, B, *S]`` (``shape``: the ``[N, *S]`` element shape, or -1)."""
+    return transpose01(list_ops.tensor_list_stack(handle, dtype, element_shape=shape))
+
+
+def _from_dense(dense: tf.Tensor) -> tf.Tensor:
+    return list_ops.tensor_list_from_tensor(transpose01(dense), tf.constant(-1, tf.int32))
+
+
+def _realign(w: RowCountedList, dtype: tf.DType, shape):
+    """Move every row's elements to end at one position ``top`` = the longest row (empty
+    rows at 0), so that rows whose ends disagreed push and pop in lockstep afterwards."""
+    lens = w.ends - w.starts
+    top = tf.reduce_max(tf.concat([lens, [0]], 0))
+    dense = _dense(w.t, dtype, shape)                           # [N, B, *S]
+    last = tf.maximum(tf.shape(dense)[1] - 1, 0)
+    new_starts = tf.where(lens > 0, top - lens, 0)
+    src = w.starts[:, None] + tf.range(top)[None, :] - new_starts[:, None]
+    moved = tf.gather(dense, tf.clip_by_value(src, 0, last), batch_dims=1)   # [N, top, *S]
+    return _from_dense(moved), new_starts, new_starts + lens
+
+
+def _element_shape_of(item: tf.Tensor, rows, n_rows) -> tf.Tensor:
+    """``[N, *S]`` from an owned-rows item ``[m, *S]``."""
+    return tf.concat([tf.reshape(n_rows, [1]), tf.shape(item)[1:]], 0)
+
+
+def _check(x: ConversionInput, ok: tf.Tensor, message: str, *data) -> list:
+    """A run-time assertion naming the op (raised as VectorizationError by the eager API)."""
+    return [tf.debugging.Assert(ok, [runtime_message(x.op, message)] + list(data),
+                                summarize=20)]
+
+
+def _counted_push(x: ConversionInput, w: RowCountedList, item: tf.Tensor) -> RowCountedList:
+    dtype, rows, n_rows = _dtype(x), w.rows, _n_rows(w)
+    full = _to_buffer_rows(item, rows, n_rows)
+    shape = _element_shape_of(item, rows, n_rows)
+    length = list_ops.tensor_list_length(w.t)
+    in_step = tf.reduce_all(tf.equal(_owned(w.ends, rows), length))
+
+    def realigned():
+        return _realign(w, dtype, shape)
+
+    buf, starts, ends = tf.cond(in_step, lambda: (w.t, w.starts, w.ends), realigned)
+    return w.like(list_ops.tensor_list_push_back(buf, full), starts, _add_owned(ends, rows, 1))
+
+
+def _counted_pop(x: ConversionInput, w: RowCountedList, shape: tf.Tensor):
+    dtype, rows = _dtype(x), w.rows
+    lens = _owned(w.ends - w.starts, rows)
+    checks = _check(x, tf.reduce_all(lens > 0), "pop from an empty list in some iteration; "
+                    "per-iteration element counts:", lens)
+    agree, end = _agree(_owned(w.ends, rows))
+
+    def realigned():
+        buf, starts, ends = _realign(w, dtype, shape)
+        return buf, starts, ends, tf.reduce_max(tf.concat([ends, [0]], 0))
+
+    with tf.control_dependencies(checks):
+        buf, starts, ends, end = tf.cond(agree, lambda: (w.t, w.starts, w.ends, end), realigned)
+    item = _owned(list_ops.tensor_list_get_item(buf, tf.maximum(end - 1, 0), dtype,
+                                                element_shape=shape), rows)
+    ends = _add_owned(ends, rows, -1)
+    # Drop the trailing positions no row holds any more, so a push after pops is in step.
+    buf = list_ops.tensor_list_resize(buf, tf.reduce_max(tf.concat([ends, [0]], 0)))
+    return w.like(buf, starts, ends), item
+
+
+def _read_positions(x: ConversionInput, w: RowCountedList, index: tf.Tensor, shape) -> tf.Tensor:
+    """Row ``k`` of the owned rows reads its element ``index[k]`` (``index``: ``[m]`` or a
+    scalar), checked against each row's count."""
+    dtype, rows = _dtype(x), w.rows
+    starts, lens = _owned(w.starts, rows), _owned(w.ends - w.starts, rows)
+    index = tf.broadcast_to(tf.cast(index, tf.int32), tf.shape(starts))
+    checks = _check(x, tf.reduce_all((index >= 0) & (index < lens)), "index out of range in "
+                    "some iteration; per-iteration indices and element counts:", index, lens)
+    pos = starts + index
+    agree, p = _agree(pos)
+
+    def in_step():
+        return _owned(list_ops.tensor_list_get_item(w.t, p, dtype, element_shape=shape), rows)
+
+    def per_row():
+        dense = _owned(_dense(w.t, dtype, shape), rows)
+        last = tf.maximum(tf.shape(dense)[1] - 1, 0)
+        return tf.gather(dense, tf.clip_by_value(pos, 0, last), batch_dims=1)
+
+    with tf.control_dependencies(checks):
+        return tf.cond(agree, in_step, per_row)
+
+
+def _counted_set(x: ConversionInput, w: RowCountedList, index: tf.Tensor, item: tf.Tensor,
+                 resize: bool) -> RowCountedList:
+    dtype, rows, n_rows = _dtype(x), w.rows, _n_rows(w)
+    starts, ends = _owned(w.starts, rows), _owned(w.ends, rows)
+    index = tf.broadcast_to(tf.cast(index, tf.int32), tf.shape(starts))
+    pos = starts + index
+    ok = index >= 0
+    if not resize:
+        ok = ok & (pos < ends)
+    checks = _check(x, tf.reduce_all(ok),
+                    "index out of range in some iteration; per-iteration indices and element "
+                    "counts:", index, ends - starts)
+    new_ends = tf.maximum(ends, pos + 1) if resize else ends
+    with tf.control_dependencies(checks):
+        need = tf.reduce_max(tf.concat([new_ends, [0]], 0))
+    buf = w.t
+    if resize:
+        length = list_ops.tensor_list_length(buf)
+        buf = tf.cond(need > length, lambda: list_ops.tensor_list_resize(buf, need),
+                      lambda: buf)
+    agree, p = _agree(pos)
+    in_step = agree & tf.reduce_all(pos <= ends)   # no row leaves a gap of unset elements
+    shape = _element_shape_of(item, rows, n_rows)
+
+    def one_element():
+        old = list_ops.tensor_list_get_item(buf, p, dtype, element_shape=shape)
+        new = item if rows is None else tf.tensor_scatter_nd_update(
+            old, tf.expand_dims(rows, 1), item)
+        return list_ops.tensor_list_set_item(buf, p, new)
+
+    def per_row():
+        dense = _dense(buf, dtype, shape)                           # [N, B, *S]
+        grid = tf.range(tf.shape(dense)[1])[None, :]
+        full_pos = _set_owned(tf.fill([n_rows], -1), rows, pos)
+        write = tf.equal(grid, full_pos[:, None])
+        gap = (grid >= w.ends[:, None]) & (grid < full_pos[:, None])  # unset: zeros
+        extra = tf.ones([tf.rank(dense) - 2], tf.int32)
+        as_mask = lambda m: tf.reshape(m, tf.concat([tf.shape(m), extra], 0))
+        value = tf.expand_dims(_to_buffer_rows(item, rows, n_rows), 1)
+        dense = tf.where(as_mask(write), value, tf.where(as_mask(gap), tf.zeros_like(dense),
+                                                         dense))
+        return _from_dense(dense)
+
+    out = tf.cond(in_step, one_element, per_row)
+    return w.like(out, w.starts, _set_owned(w.ends, rows, new_ends))
+
+
+def _counted_stack(x: ConversionInput, w: RowCountedList, shape, indices=None) -> tf.Tensor:
+    """``[m, K, *S]``: each owned row's elements (``indices``: ``[K]`` or ``[m, K]``, else
+    all of them, which must be equally many in every row)."""
+    dtype, rows = _dtype(x), w.rows
+    starts, lens = _owned(w.starts, rows), _owned(w.ends - w.starts, rows)
+    if indices is None:
+        same, k = _agree(lens)
+        checks = _check(x, same, "per-iteration lists have different lengths, so their "
+                        "stacked results differ across iterations (a ragged result cannot be "
+                        "stacked); per-iteration lengths:", lens)
+        with tf.control_dependencies(checks):
+            indices = tf.range(k)
+        pos = starts[:, None] + indices[None, :]
+    else:
+        indices = tf.cast(indices, tf.int32)
+        wide = indices if indices.shape.rank == 2 else indices[None, :]
+        checks = _check(x, tf.reduce_all((wide >= 0) & (wide < lens[:, None])),
+                        "index out of range in some iteration; per-iteration element counts:",
+                        lens)
+        with tf.control_dependencies(checks):
+            pos = starts[:, None] + wide
+    agree, s = _agree(starts)
+
+    def in_step():  # the same positions in every row: one gather of whole elements
+        got = list_ops.tensor_list_gather(w.t, s + indices, dtype, element_shape=shape)
+        return _owned(transpose01(got), rows)
+
+    def per_row():
+        dense = _owned(_dense(w.t, dtype, shape), rows)
+        last = tf.maximum(tf.shape(dense)[1] - 1, 0)
+        pos_ = tf.broadcast_to(pos, [tf.size(starts), tf.shape(pos)[1]])
+        return tf.gather(dense, tf.clip_by_value(pos_, 0, last), batch_dims=1)
+
+    if indices.shape.rank == 2:
+        return per_row()
+    return tf.cond(agree, in_step, per_row)
+
+
+def slice_counted(w: RowCountedList, j: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Iteration ``j``'s own list (for ops run once per iteration)."""
+    r = j if w.rows is None else tf.gather(w.rows, j)
+    dense = tf.gather(list_ops.tensor_list_stack(w.t, dtype), r, axis=1)   # [B, *S]
+    own = dense[tf.gather(w.starts, r):tf.gather(w.ends, r)]
+    return list_ops.tensor_list_from_tensor(own, tf.constant(-1, tf.int32))
+
+# }}}
+
+
 @list_converter("TensorListFromTensor")
 def _from_tensor(x: ConversionInput):
     t = x.stacked_input(0)  # [n, L, *S]
@@ -163,8 +451,12 @@ def _from_tensor(x: ConversionInput):
     return [_out(list_ops.tensor_list_from_tensor(transpose01(t), shape))]
 
 
-@list_converter("TensorListStack")
+@list_converter("TensorListStack", counted=True)
 def _stack(x: ConversionInput):
+    w = x.inputs[0]
+    if isinstance(w, RowCountedList):
+        shape = _stacked_element_shape(x.unstacked_input(1), _n_rows(w))
+        return [_out(_counted_stack(x, w, shape))]
     handle = _stacked_list(x)
     shape = _stacked_element_shape(x.unstacked_input(1), x.loop_len)
     dense = list_ops.tensor_list_stack(handle, _dtype(x), element_shape=shape,
@@ -172,21 +464,27 @@ def _stack(x: ConversionInput):
     return [_out(transpose01(dense))]
 
 
-@list_converter("TensorListLength")
+@list_converter("TensorListLength", counted=True)
 def _length(x: ConversionInput):
+    w = x.inputs[0]
+    if isinstance(w, RowCountedList):
+        return [_out(_owned(w.ends - w.starts, w.rows))]
     return [_out(list_ops.tensor_list_length(x.inputs[0].t), False)]
 
 
-@list_converter("TensorListElementShape")
+@list_converter("TensorListElementShape", counted=True)
 def _element_shape(x: ConversionInput):
     shape = list_ops.tensor_list_element_shape(x.inputs[0].t, x.attr("shape_type"))
     return [_out(tf.cond(tf.rank(shape) > 0, lambda: shape[1:], lambda: shape), False)]
 
 
-@list_converter("TensorListGetItem")
+@list_converter("TensorListGetItem", counted=True)
 def _get_item(x: ConversionInput):
     handle, index = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
+    if isinstance(handle, RowCountedList):
+        shape = _stacked_element_shape(x.unstacked_input(2), _n_rows(handle))
+        return [_out(_read_positions(x, handle, index.t, shape))]
     if handle.is_stacked and not index.is_stacked:
         shape = _stacked_element_shape(x.unstacked_input(2), x.loop_len)
         return [_out(list_ops.tensor_list_get_item(handle.t, index.t, dtype, shape))]
@@ -197,10 +495,13 @@ def _get_item(x: ConversionInput):
     return [_out(tf.gather(dense, index.t, batch_dims=1))]
 
 
-@list_converter("TensorListGather")
+@list_converter("TensorListGather", counted=True)
 def _gather(x: ConversionInput):
     handle, indices = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
+    if isinstance(handle, RowCountedList):
+        shape = _stacked_element_shape(x.unstacked_input(2), _n_rows(handle))
+        return [_out(_counted_stack(x, handle, shape, indices.t))]
     if not handle.is_stacked:
         dense = list_ops.tensor_list_stack(handle.t, dtype, element_shape=x.unstacked_input(2))
         return [_out(tf.gather(dense, indices.t))]
@@ -210,28 +511,40 @@ def _gather(x: ConversionInput):
     return [_out(tf.gather(dense, indices.t, axis=1))]
 
 
-@list_converter("TensorListSetItem")
+@list_converter("TensorListSetItem", counted=True)
 def _set_item(x: ConversionInput):
+    attrs = x.op.node_def.attr
+    resize = "resize_if_index_out_of_bounds" in attrs and attrs["resize_if_index_out_of_bounds"].b
+    w = x.inputs[0]
+    if isinstance(w, RowCountedList):
+        return [_counted_set(x, w, x.inputs[1].t, _item(x, 2), resize)]
     if x.is_stacked(1):
         return None  # writes at iteration-dependent positions: per-iteration fallback
     handle = _stacked_list(x, 0, item=2)
-    attrs = x.op.node_def.attr
-    resize = "resize_if_index_out_of_bounds" in attrs and attrs["resize_if_index_out_of_bounds"].b
     kw = {"resize_if_index_out_of_bounds": True} if resize else {}
     out = gen_list_ops.tensor_list_set_item(handle, x.inputs[1].t, _item(x, 2), **kw)
     return [_out(out)]
 
 
-@list_converter("TensorListPushBack")
+@list_converter("TensorListPushBack", counted=True)
 def _push_back(x: ConversionInput):
+    w = x.inputs[0]
+    if isinstance(w, RowCountedList):
+        return [_counted_push(x, w, _item(x, 1))]
     handle = _stacked_list(x, 0, item=1)
     return [_out(list_ops.tensor_list_push_back(handle, _item(x, 1)))]
 
 
-@list_converter("TensorListPopBack")
+@list_converter("TensorListPopBack", counted=True)
 def _pop_back(x: ConversionInput):
+    w = x.inputs[0]
+    if isinstance(w, RowCountedList):
+        shape = _stacked_element_shape(x.unstacked_input(1), _n_rows(w))
+        out, item = _counted_pop(x, w, shape)
+        return [out, _out(item)]
     shape = _stacked_element_shape(x.unstacked_input(1), x.loop_len)
-    handle, item = gen_list_ops.tensor_list_pop_back(x.inputs[0].t, shape, _dtype(x))
+    handle, item = gen_list_ops.tensor_list_pop_back(
+        x.inputs[0].t, tf.constant(-1, tf.int32) if shape is None else shape, _dtype(x))
     return [_out(handle), _out(item)]
 
 
@@ -258,8 +571,15 @@ def _scatter(x: ConversionInput):
 
 @list_converter("TensorListReserve", "EmptyTensorList")
 def _reserve(x: ConversionInput):
-    raise x.error("the length of a TensorArray/TensorList depends on the loop index; pfor "
-                  "needs the same length in every iteration")
+    """A loop-variant length: a :class:`RowCountedList` (``Reserve``: each row holds its own
+    number of unset elements); a loop-variant capacity (``EmptyTensorList``) is no limit."""
+    x.unstacked_input(0)  # the element shape must be the same in every iteration
+    if x.op_type == "EmptyTensorList":
+        return [_out(list_ops.tensor_list_reserve(tf.constant(-1, tf.int32), 0, _dtype(x)))]
+    counts = tf.cast(x.stacked_input(1), tf.int32)
+    top = tf.reduce_max(tf.concat([counts, [0]], 0))
+    buf = list_ops.tensor_list_reserve(tf.constant(-1, tf.int32), top, _dtype(x))
+    return [RowCountedList(buf, tf.zeros_like(counts), tf.maximum(counts, 0))]
 
 
 @list_converter("TensorListResize")
