@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import os
 import subprocess
@@ -40,7 +41,8 @@ import tensorflow as tf
 from .cache import cache_root
 
 __all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError",
-           "TcFunction", "tc_function"]
+           "TcFunction", "tc_function", "load_cuda_op_library", "cuda_kernel_op", "cuda_ptx",
+           "cuda_include_dir", "CudaLaunchSpec", "require_gpu", "DEFAULT_CUDA_ARCH"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_kernel_op.cc")
@@ -54,16 +56,45 @@ class OpLibraryError(RuntimeError):
     """The generic TC op library could not be built or loaded."""
 
 
-def _library_path() -> tuple[str, list[str]]:
-    with open(_OP_SOURCE, "rb") as f:
-        text = f.read()
+def _op_library_path(name: str, source: str, extra_flags: Sequence[str] = ()
+                     ) -> tuple[str, list[str]]:
+    """(cached .so path, g++ command with ``{OUT}`` for the output) of one op library.
+
+    The path hashes the op source, the headers next to it, TF's version and every flag, so a
+    change to any of them builds a new library.
+    """
+    texts = []
+    for path in [source] + sorted(glob.glob(os.path.join(_HERE, "tf_op", "*.h"))):
+        with open(path, "rb") as f:
+            texts.append(f.read())
     cflags, lflags = tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+    flags = [*extra_flags, *cflags]
     digest = hashlib.sha256(
-        b"\0".join([text, tf.__version__.encode(), " ".join(cflags + lflags).encode()])
+        b"\0".join([*texts, tf.__version__.encode(), " ".join(flags + lflags).encode()])
     ).hexdigest()[:20]
-    out = os.path.join(cache_root(), "ops", f"tc_kernel_op-{digest}.so")
-    cmd = ["g++", "-O2", "-fPIC", "-shared", *cflags, _OP_SOURCE, "-o", "{OUT}", *lflags, "-ldl"]
+    out = os.path.join(cache_root(), "ops", f"{name}-{digest}.so")
+    cmd = ["g++", "-O2", "-fPIC", "-shared", *flags, source, "-o", "{OUT}", *lflags, "-ldl"]
     return out, cmd
+
+
+def _build_and_load(out: str, cmd: list[str], what: str):
+    """``tf.load_op_library`` of ``out``, first building it with ``cmd`` when missing."""
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
+        os.close(fd)
+        cmd = [tmp if c == "{OUT}" else c for c in cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            raise OpLibraryError(
+                f"building the {what} op library failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        os.replace(tmp, out)  # atomic: a concurrent builder's result is equivalent
+    try:
+        return tf.load_op_library(out)
+    except Exception as e:  # a truncated/foreign file: rebuild once
+        os.unlink(out)
+        raise OpLibraryError(f"loading {out} failed ({e}); removed it, call again") from e
 
 
 def load_op_library():
@@ -76,26 +107,170 @@ def load_op_library():
     """
     global _library
     with _lock:
-        if _library is not None:
-            return _library
-        out, cmd = _library_path()
-        if not os.path.exists(out):
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
-            os.close(fd)
-            cmd = [tmp if c == "{OUT}" else c for c in cmd]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                os.unlink(tmp)
-                raise OpLibraryError(
-                    f"building the TcKernel op library failed:\n{' '.join(cmd)}\n{proc.stderr}")
-            os.replace(tmp, out)  # atomic: a concurrent builder's result is equivalent
-        try:
-            _library = tf.load_op_library(out)
-        except Exception as e:  # a truncated/foreign file: rebuild once
-            os.unlink(out)
-            raise OpLibraryError(f"loading {out} failed ({e}); removed it, call again") from e
+        if _library is None:
+            _library = _build_and_load(*_op_library_path("tc_kernel_op", _OP_SOURCE), "TcKernel")
         return _library
+
+
+# -- the GPU op: TcCudaKernel -------------------------------------------------------------
+_CUDA_OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_cuda_kernel_op.cc")
+_cuda_library = None
+#: The virtual architecture PTX is generated for: the oldest CUDA 12/13's nvcc both accept, so
+#: the driver JIT-compiles it for any newer GPU (sm_80, sm_90, ...).
+DEFAULT_CUDA_ARCH = "compute_75"
+
+
+def cuda_include_dir() -> str | None:
+    """The CUDA toolkit's include directory holding ``cuda.h`` (``$CUDA_HOME``, ``$CUDA_PATH``,
+    ``/usr/local/cuda``, then next to ``nvcc``), or None."""
+    from .backends.cuda import nvcc_path
+
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = nvcc_path()
+    if nvcc is not None:
+        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for root in roots:
+        if root and os.path.exists(os.path.join(root, "include", "cuda.h")):
+            return os.path.join(root, "include")
+    return None
+
+
+def load_cuda_op_library():
+    """Build (once, cached) and load the ``TcCudaKernel`` op library: the GPU kernel of the
+    generic op, compiled with ``-DGOOGLE_CUDA=1`` against TF's headers and CUDA's ``cuda.h``.
+
+    It resolves the CUDA driver at run time (``dlopen("libcuda.so.1")``), so it builds and loads
+    on a machine without a driver or GPU too (where TensorFlow has no GPU device to run it on).
+    Raises OpLibraryError when ``cuda.h`` is not found or TensorFlow is not built with CUDA.
+
+    >>> lib = load_cuda_op_library(); callable(lib.tc_cuda_kernel)  # doctest: +SKIP
+    True
+    """
+    global _cuda_library
+    with _lock:
+        if _cuda_library is None:
+            if not tf.test.is_built_with_cuda():
+                raise OpLibraryError("the TcCudaKernel op library needs a TensorFlow built with "
+                                     "CUDA; this one is not")
+            inc = cuda_include_dir()
+            if inc is None:
+                raise OpLibraryError(
+                    "the TcCudaKernel op library needs cuda.h from a CUDA toolkit (set "
+                    "CUDA_HOME); none was found in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda or "
+                    "next to nvcc")
+            out, cmd = _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE,
+                                        ["-DGOOGLE_CUDA=1", f"-I{inc}"])
+            _cuda_library = _build_and_load(out, cmd, "TcCudaKernel")
+        return _cuda_library
+
+
+def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
+    """PTX of a CUDA source (``nvcc --ptx -arch=<arch>``), cached on disk by source and arch.
+
+    Raises TcBackendError without nvcc, TcCompileError with nvcc's output when it fails.
+    """
+    from .backends.cuda import nvcc_path
+    from .errors import TcBackendError, TcCompileError
+
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise TcBackendError("backend 'cuda': making PTX for the TcCudaKernel op needs nvcc, "
+                             "which is not on PATH")
+    key = hashlib.sha256("\0".join([source, arch, "ptx1"]).encode()).hexdigest()[:32]
+    path = os.path.join(cache_root(), "ptx", f"{key}.ptx")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tfx_vec_ptx_") as d:
+        src, ptx = os.path.join(d, "kernel.cu"), os.path.join(d, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(source)
+        proc = subprocess.run([nvcc, "--ptx", f"-arch={arch}", src, "-o", ptx],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TcCompileError(f"nvcc --ptx -arch={arch} failed:\n{proc.stderr}{proc.stdout}"
+                                 f"\n--- source ---\n{source}")
+        with open(ptx) as f:
+            text = f.read()
+    fd, tmp = tempfile.mkstemp(suffix=".ptx", dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaLaunchSpec:
+    """Everything a ``TcCudaKernel`` op carries: the module and how to launch it.
+
+    ``kernels`` are launched in order on TF's stream, kernel ``k`` with ``grid[k]`` blocks of
+    ``block[k]`` threads (x, y, z), each taking one device pointer per buffer: the inputs, the
+    outputs, then one scratch buffer of ``temp_bytes[i]`` bytes per TC temporary.
+    """
+
+    entry: str
+    source: str                       # the generated CUDA
+    module: str                       # its PTX
+    kernels: tuple[str, ...]
+    grid: tuple[tuple[int, int, int], ...]
+    block: tuple[tuple[int, int, int], ...]
+    temp_bytes: tuple[int, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[tf.DType, ...]
+
+    @classmethod
+    def from_kernel(cls, kernel, arch: str = DEFAULT_CUDA_ARCH) -> "CudaLaunchSpec":
+        """From a :class:`~tfx_vec.tc_ops.backends.cuda.CudaKernel` (source, launches, buffers)."""
+        import numpy as np
+
+        def pad3(t) -> tuple[int, int, int]:
+            t = tuple(int(x) for x in t)
+            return t + (1,) * (3 - len(t))
+
+        grid, block = [], []
+        for ln in kernel.launches:
+            grid.append(pad3(g // b for g, b in zip(ln.global_size, ln.local_size)))
+            block.append(pad3(ln.local_size))
+        return cls(
+            entry=kernel.spec.cdef.name, source=kernel.source, module=cuda_ptx(kernel.source, arch),
+            kernels=tuple(ln.kernel for ln in kernel.launches), grid=tuple(grid),
+            block=tuple(block),
+            temp_bytes=tuple(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+                             for s, d in kernel.temps),
+            output_shapes=tuple(tuple(int(x) for x in s) for s, _ in kernel.outputs),
+            output_dtypes=tuple(tf.as_dtype(d) for _, d in kernel.outputs))
+
+
+def require_gpu() -> None:
+    """TcBackendError unless TensorFlow sees a GPU (the only place ``TcCudaKernel`` runs)."""
+    from .errors import TcBackendError
+
+    if not tf.config.list_physical_devices("GPU"):
+        why = ("this TensorFlow is not built with CUDA" if not tf.test.is_built_with_cuda()
+               else "no CUDA driver or no GPU")
+        raise TcBackendError(
+            f"backend 'cuda': TensorFlow sees no GPU here ({why}); the TcCudaKernel op runs only "
+            "on a GPU. Use backend='cpu' (the TcKernel op), or TcFunction.cuda_spec(...) to "
+            "generate and inspect the kernel without one.")
+
+
+def cuda_kernel_op(inputs: Sequence, spec: CudaLaunchSpec, *, grad_key: str = ""
+                   ) -> list[tf.Tensor]:
+    """Launch ``spec``'s kernels as one ``TcCudaKernel`` op on the inputs (placed on a GPU).
+
+    Raises TcBackendError where TensorFlow has no GPU (checked first: the op has no CPU kernel).
+    """
+    require_gpu()
+    lib = _cuda_library or load_cuda_op_library()
+    inputs = [tf.convert_to_tensor(x) for x in inputs]
+    return lib.tc_cuda_kernel(
+        inputs=inputs, Tout=list(spec.output_dtypes),
+        input_shapes=[tuple(x.shape) for x in inputs],
+        output_shapes=list(spec.output_shapes), entry=spec.entry, module=spec.module,
+        kernels=list(spec.kernels),
+        grid=[x for g in spec.grid for x in g], block=[x for b in spec.block for x in b],
+        temp_bytes=list(spec.temp_bytes), grad_key=grad_key)
 
 
 def source_hash(source: str, compiler: str, flags: str) -> str:
@@ -133,14 +308,16 @@ def kernel_op(inputs: Sequence, *, source: str, entry: str,
 
 # -- TC entry points as TF ops with gradients -------------------------------------------------
 class TcFunction:
-    """A TC def as a TensorFlow op (the ``TcKernel`` op on the cpu backend's generated C).
+    """A TC def as a TensorFlow op: ``TcKernel`` on the cpu backend's generated C
+    (``backend="cpu"``), or ``TcCudaKernel`` launching the cuda backend's kernels on TF's GPU
+    stream (``backend="cuda"``; a TcBackendError where TensorFlow sees no GPU).
 
-    Call it on tensors (eager or inside ``tf.function``; static shapes required): the C source is
+    Call it on tensors (eager or inside ``tf.function``; static shapes required): the kernel is
     generated once per input signature and options, and travels in the op.  The gradient is a
-    backward TC: ``backward="auto"`` derives it (``grad.backward_tc``), a ``(source, entry)``
-    pair gives one by hand (parameters: forward inputs, then one gradient per forward output;
-    returns one gradient per floating-point tensor input), ``None`` makes the op
-    non-differentiable.
+    backward TC (run on the same backend): ``backward="auto"`` derives it
+    (``grad.backward_tc``), a ``(source, entry)`` pair gives one by hand (parameters: forward
+    inputs, then one gradient per forward output; returns one gradient per floating-point tensor
+    input), ``None`` makes the op non-differentiable.
 
     Example::
 
@@ -153,13 +330,19 @@ class TcFunction:
     """
 
     def __init__(self, source: str, entry: str, *, backward="auto", options=None,
-                 wrt: Sequence[str] | None = None):
+                 wrt: Sequence[str] | None = None, backend: str = "cpu",
+                 cuda_arch: str = DEFAULT_CUDA_ARCH):
         from .api import define
+        from .errors import TcBackendError
 
-        self.source, self.entry = source, entry
+        if backend not in ("cpu", "cuda"):
+            raise TcBackendError(f"TC {entry}: a TF op runs on backend 'cpu' (TcKernel) or "
+                                 f"'cuda' (TcCudaKernel), not {backend!r}")
+        self.source, self.entry, self.backend, self.cuda_arch = source, entry, backend, cuda_arch
         self.cdef = define(source)[entry].cdef
         self.options = options
-        self._specs: dict = {}
+        self._specs: dict = {}     # input signature -> KernelSpec
+        self._kernels: dict = {}   # (backend, input signature) -> generated kernel
         self._lock = threading.Lock()
         self._backward_spec = backward
         self._backward: "TcFunction | None" = None
@@ -182,13 +365,14 @@ class TcFunction:
                 from .grad import backward_tc
                 b = backward_tc(self.source, self.entry, self.wrt)
                 spec = (b.source, b.entry)
-            self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options)
+            self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options,
+                                        backend=self.backend, cuda_arch=self.cuda_arch)
         return self._backward
 
-    def _kernel(self, inputs: list[tf.Tensor]) -> tuple:
-        """(C source, output shapes, output dtypes, compiler, flags, hash) for these inputs."""
+    def _kernel_spec(self, inputs: list[tf.Tensor]) -> tuple:
+        """(the backends' ``KernelSpec``: checked TC, sizes, options; the input signature) for
+        these inputs."""
         from .backends import KernelSpec
-        from .backends.cpu import CFLAGS, compiler, kernel_source
         from .errors import TcShapeError
         from .lang.ranges import infer_ranges
         from .lang.types import np_dtype
@@ -217,8 +401,8 @@ class TcFunction:
                 shapes[p.name] = tuple(x.shape)
         key = (tuple(sorted(shapes.items())), tuple(sorted(scalars.items())))
         with self._lock:
-            hit = self._specs.get(key)
-            if hit is None:
+            spec = self._specs.get(key)
+            if spec is None:
                 values = {n: (0, 0) for n in _index_inputs(self.cdef)}
                 ranges = infer_ranges(self.cdef, shapes, scalars, values)
                 # Index values are unknown when the graph is built and no Python runs later:
@@ -227,20 +411,34 @@ class TcFunction:
                 ranges = dataclasses.replace(ranges, clamp=ranges.clamp | _data_dependent_reads(
                     self.cdef))
                 options = self.options or MappingOptions.default_for(self.cdef.ast)
-                src = kernel_source(KernelSpec(self.cdef, ranges, options))
-                outs = [ranges.shapes[n] for n in self.cdef.outputs]
-                dts = [tf.as_dtype(np_dtype(self.cdef.tensors[n].dtype))
-                       for n in self.cdef.outputs]
-                cc, flags = compiler(), " ".join(CFLAGS) + " -lm"
-                hit = self._specs[key] = (src, outs, dts, cc, flags, source_hash(src, cc, flags))
+                spec = self._specs[key] = KernelSpec(self.cdef, ranges, options)
+        return spec, key
+
+    def _compiled(self, inputs: list[tf.Tensor], backend: str):
+        """This backend's kernel for these inputs, generated once per signature: the cpu tuple
+        (C source, output shapes, output dtypes, compiler, flags, hash) or a CudaLaunchSpec."""
+        spec, key = self._kernel_spec(inputs)
+        with self._lock:
+            hit = self._kernels.get((backend, key))
+            if hit is None:
+                hit = self._kernels[(backend, key)] = (
+                    _cpu_kernel(spec) if backend == "cpu" else _cuda_spec(spec, self.cuda_arch))
         return hit
+
+    def cuda_spec(self, *inputs) -> CudaLaunchSpec:
+        """What the ``TcCudaKernel`` op launches for these inputs (PTX, kernels, grid/block,
+        temporaries); needs nvcc but no GPU."""
+        return self._compiled([tf.convert_to_tensor(x) for x in inputs], "cuda")
 
     @tf.autograph.experimental.do_not_convert
     def raw(self, *inputs, grad_key: str = "") -> list[tf.Tensor]:
-        """The outputs; differentiable (through the registered ``TcKernel`` gradient) when
-        ``grad_key`` names this function's gradient."""
+        """The outputs; differentiable (through the registered op gradient) when ``grad_key``
+        names this function's gradient."""
         inputs = [tf.convert_to_tensor(x) for x in inputs]
-        src, shapes, dtypes, cc, flags, h = self._kernel(inputs)
+        if self.backend == "cuda":
+            require_gpu()  # before nvcc runs: without a GPU the op could never execute
+            return cuda_kernel_op(inputs, self._compiled(inputs, "cuda"), grad_key=grad_key)
+        src, shapes, dtypes, cc, flags, h = self._compiled(inputs, "cpu")
         return kernel_op(inputs, source=src, entry=self.cdef.name, output_shapes=shapes,
                          output_dtypes=dtypes, compiler=cc, flags=flags, hash_=h,
                          grad_key=grad_key)
@@ -269,8 +467,28 @@ class TcFunction:
         return res
 
     def _out_specs(self, inputs: Sequence[tf.Tensor]) -> tuple[list, list]:
-        _, shapes, dtypes, *_ = self._kernel([tf.convert_to_tensor(x) for x in inputs])
-        return shapes, dtypes
+        from .lang.types import np_dtype
+
+        spec, _ = self._kernel_spec([tf.convert_to_tensor(x) for x in inputs])
+        return ([spec.ranges.shapes[n] for n in self.cdef.outputs],
+                [tf.as_dtype(np_dtype(self.cdef.tensors[n].dtype)) for n in self.cdef.outputs])
+
+
+def _cpu_kernel(spec) -> tuple:
+    from .backends.cpu import CFLAGS, compiler, kernel_source
+    from .lang.types import np_dtype
+
+    src = kernel_source(spec)
+    outs = [spec.ranges.shapes[n] for n in spec.cdef.outputs]
+    dts = [tf.as_dtype(np_dtype(spec.cdef.tensors[n].dtype)) for n in spec.cdef.outputs]
+    cc, flags = compiler(), " ".join(CFLAGS) + " -lm"
+    return src, outs, dts, cc, flags, source_hash(src, cc, flags)
+
+
+def _cuda_spec(spec, arch: str) -> CudaLaunchSpec:
+    from .backends.cuda import CudaBackend
+
+    return CudaLaunchSpec.from_kernel(CudaBackend().compile(spec), arch)
 
 
 # grad_key -> TcFunction.  Entries live as long as the process: a TcFunction is small and a
@@ -289,10 +507,11 @@ def _tc_kernel_gradient(op, *grads):
     return fn.gradient(list(op.inputs), list(grads))
 
 
-try:
-    tf.RegisterGradient("TcKernel")(_tc_kernel_gradient)
-except KeyError:  # module reloaded: the first registration stays
-    pass
+for _op_type in ("TcKernel", "TcCudaKernel"):
+    try:
+        tf.RegisterGradient(_op_type)(_tc_kernel_gradient)
+    except KeyError:  # module reloaded: the first registration stays
+        pass
 
 
 def _data_dependent_reads(cdef) -> frozenset:
@@ -307,10 +526,12 @@ def _index_inputs(cdef) -> tuple[str, ...]:
 
 
 def tc_function(source: str, entry: str, *, backward="auto", options=None,
-                wrt: Sequence[str] | None = None) -> TcFunction:
-    """``TcFunction(source, entry, backward=..., options=..., wrt=...)``: a TC def as a TF op.
+                wrt: Sequence[str] | None = None, backend: str = "cpu") -> TcFunction:
+    """``TcFunction(source, entry, backward=..., options=..., wrt=..., backend=...)``: a TC
+    def as a TF op (``backend="cuda"``: the GPU op, see :class:`TcFunction`).
 
     ``wrt`` limits the gradient to some inputs (the others get None), e.g. a convolution's
     weights when its input's subscripts (``I(h + kh)``) are not differentiable automatically.
     """
-    return TcFunction(source, entry, backward=backward, options=options, wrt=wrt)
+    return TcFunction(source, entry, backward=backward, options=options, wrt=wrt,
+                      backend=backend)

@@ -23,6 +23,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tc_op_common.h"
 
 using namespace tensorflow;  // NOLINT
 
@@ -40,19 +41,7 @@ REGISTER_OP("TcKernel")
     .Attr("compile_flags: string = '-O3 -fPIC -shared'")
     // Names the Python-side gradient (a backward TC) of this op; unused by the kernel.
     .Attr("grad_key: string = ''")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      std::vector<PartialTensorShape> shapes;
-      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
-      if (static_cast<int>(shapes.size()) != c->num_outputs())
-        return errors::InvalidArgument("TcKernel: ", shapes.size(), " output_shapes for ",
-                                       c->num_outputs(), " outputs");
-      for (int i = 0; i < c->num_outputs(); ++i) {
-        shape_inference::ShapeHandle h;
-        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
-        c->set_output(i, h);
-      }
-      return OkStatus();
-    });
+    .SetShapeFn(tfx_vec_tc::OutputShapesFromAttr);
 
 namespace {
 
@@ -170,20 +159,12 @@ class TcKernelOp : public OpKernel {
     std::vector<void*> args;
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       const Tensor& t = ctx->input(i);
-      // Kernels are specialised to sizes: a mismatch would read out of bounds.
-      OP_REQUIRES(ctx, i < static_cast<int>(in_shapes_.size()) &&
-                           in_shapes_[i].IsIdenticalTo(PartialTensorShape(t.shape().dim_sizes())),
-                  errors::InvalidArgument("TcKernel tc_", entry_, ": input ", i, " has shape ",
-                                          t.shape().DebugString(), " but the kernel was compiled for ",
-                                          i < static_cast<int>(in_shapes_.size())
-                                              ? in_shapes_[i].DebugString() : std::string("none")));
+      OP_REQUIRES_OK(ctx, tfx_vec_tc::CheckInputShape(entry_, i, t, in_shapes_));
       args.push_back(const_cast<char*>(t.tensor_data().data()));
     }
     for (int i = 0; i < ctx->num_outputs(); ++i) {
       TensorShape shape;
-      OP_REQUIRES(ctx, shapes_[i].AsTensorShape(&shape),
-                  errors::InvalidArgument("TcKernel tc_", entry_, ": output ", i,
-                                          " has an unknown shape"));
+      OP_REQUIRES_OK(ctx, tfx_vec_tc::OutputShape(entry_, i, shapes_[i], &shape));
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, shape, &out));
       args.push_back(const_cast<char*>(out->tensor_data().data()));

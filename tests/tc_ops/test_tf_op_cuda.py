@@ -1,0 +1,229 @@
+"""The GPU op of tf_op (``TcCudaKernel``), proven as far as a machine without a GPU can:
+the op library compiles warning-free and loads, its kernel is registered for GPU only, the PTX
+it would launch assembles for sm_90 and fits the launch, the launch attributes are the
+mapping's, graphs (and their gradients) build with it, and asking to run it without a GPU is a
+clear error.  On a machine with a GPU the same tests run the op against NumPy instead."""
+import re
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import kernels as tf_kernels
+
+from tests.support import random_array, require, require_tool
+from tests.tc_ops.corpus import CASES
+from tfx_vec.tc_ops import tf_op
+from tfx_vec.tc_ops.api import define
+from tfx_vec.tc_ops.backends.cuda import nvcc_path
+from tfx_vec.tc_ops.errors import TcBackendError
+
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+CASE = {c.name: c for c in CASES}
+TMM = CASE["tmm"].source
+
+
+def _require_cuda_toolkit() -> None:
+    require(nvcc_path() is not None and tf_op.cuda_include_dir() is not None,
+            "nvcc and CUDA's cuda.h (a CUDA toolkit)")
+
+
+def _registered_devices(op: str) -> list[str]:
+    return sorted(k.device_type for k in tf_kernels.get_registered_kernels_for_op(op).kernel)
+
+
+def test_gpu_op_library_compiles_without_warnings_and_loads():
+    _require_cuda_toolkit()
+    readelf = require_tool("readelf")
+    lib = tf_op.load_cuda_op_library()          # compiled and linked here when not cached
+    assert callable(lib.tc_cuda_kernel)
+    assert _registered_devices("TcCudaKernel") == ["GPU"]
+    tf_op.load_op_library()
+    assert _registered_devices("TcKernel") == ["CPU"]
+
+    # The library's own code (not TF's headers) is warning-free under the same command.
+    so, cmd = tf_op._op_library_path("tc_cuda_kernel_op", tf_op._CUDA_OP_SOURCE,
+                                     ["-DGOOGLE_CUDA=1", f"-I{tf_op.cuda_include_dir()}"])
+    syntax = [c for c in cmd if c not in ("{OUT}", "-o")] + ["-fsyntax-only", "-Wall", "-Wextra"]
+    proc = subprocess.run(syntax, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    ours = [ln for ln in proc.stderr.splitlines()
+            if re.search(r"(tc_cuda_kernel_op\.cc|tc_op_common\.h):\d+:\d+: warning", ln)]
+    assert not ours, "\n".join(ours)
+    # No link-time dependency on the driver: it is dlopen'ed when a GPU kernel is built.
+    needed = subprocess.run([readelf, "-d", so], capture_output=True, text=True).stdout
+    assert "libtensorflow_framework" in needed and "libcuda" not in needed
+
+
+def test_cpu_op_still_right_with_the_gpu_library_loaded():
+    _require_cuda_toolkit()
+    tf_op.load_cuda_op_library()
+    case = CASE["fcrelu"]
+    rng = np.random.default_rng(11)
+    inputs = case.inputs(rng)
+    f = tf_op.tc_function(case.source, case.entry)          # backend="cpu": TcKernel
+    (ref,) = case.reference(*inputs)
+    np.testing.assert_allclose(f(*inputs).numpy(), ref, rtol=case.rtol, atol=case.atol)
+    graph_f = tf.function(lambda *xs: f(*xs))
+    np.testing.assert_allclose(graph_f(*inputs).numpy(), ref, rtol=case.rtol, atol=case.atol)
+
+
+def _pad3(t) -> tuple:
+    t = tuple(int(x) for x in t)
+    return t + (1,) * (3 - len(t))
+
+
+@pytest.mark.parametrize("name", ["tmm", "softmax", "fcrelu", "MLP3", "layernorm"])
+def test_ptx_assembles_for_sm90_and_launch_attributes_are_the_mappings(name, tmp_path):
+    """matmul, reductions (softmax: max and sum), a fused MLP layer, three fused layers (one
+    kernel per layer) and a TC with a temporary."""
+    _require_cuda_toolkit()
+    ptxas = require_tool("ptxas")
+    case = CASE[name]
+    inputs = case.inputs(np.random.default_rng(3))
+    f = tf_op.TcFunction(case.source, case.entry, backward=None, backend="cuda")
+    spec = f.cuda_spec(*inputs)
+
+    # The launch attributes are the GPU mapping's, computed here independently of tf_op.
+    kernel = define(case.source, backend="cuda")[case.entry].compile(*inputs)
+    mapping, cdef = kernel.mapping, kernel.spec.cdef
+    assert spec.source == kernel.source
+    assert spec.kernels == tuple(gk.name for gk in mapping.kernels)
+    assert spec.grid == tuple(_pad3(gk.grid) for gk in mapping.kernels)
+    assert spec.block == tuple(_pad3(gk.block) for gk in mapping.kernels)
+    shapes = kernel.spec.ranges.shapes
+    assert spec.temp_bytes == tuple(4 * int(np.prod(shapes[t])) for t in cdef.temps)
+    refs = case.reference(*inputs)
+    assert spec.output_shapes == tuple(np.shape(r) for r in refs)
+    assert spec.output_dtypes == (tf.float32,) * len(refs)
+    if name == "layernorm":
+        assert spec.temp_bytes and all(b > 0 for b in spec.temp_bytes)
+
+    # The PTX defines those kernels, each taking one pointer per input, output and temporary
+    # (the order the op passes them in).
+    n_args = len(cdef.inputs) + len(cdef.outputs) + len(cdef.temps)
+    entries = re.findall(r"\.entry (\w+)\(([^)]*)\)", spec.module)
+    assert tuple(e for e, _ in entries) == spec.kernels
+    for _, params in entries:
+        assert len(re.findall(r"\.param \.u64 ", params)) == n_args
+
+    # It assembles for an H100 and each kernel fits its launch: registers for the block, and
+    # static shared memory within 48 KiB (the op launches with no dynamic shared memory).
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(spec.module)
+    proc = subprocess.run([ptxas, "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    parts = re.split(r"Compiling entry function '(\w+)'", proc.stderr)[1:]
+    infos = dict(zip(parts[0::2], parts[1::2]))
+    assert sorted(infos) == sorted(spec.kernels)
+    for name, block in zip(spec.kernels, spec.block):
+        regs = int(re.search(r"Used (\d+) registers", infos[name]).group(1))
+        smem = re.search(r"(\d+) bytes smem", infos[name])
+        assert regs * np.prod(block) <= 65536
+        assert smem is None or int(smem.group(1)) <= 48 * 1024
+
+
+def test_shared_memory_mapping_fits_the_launch(tmp_path):
+    """With shared-memory promotion the kernels declare __shared__ tiles; they still assemble."""
+    _require_cuda_toolkit()
+    ptxas = require_tool("ptxas")
+    from tfx_vec.tc_ops.options import MappingOptions
+
+    options = MappingOptions(tile=(8, 8, 8), map_to_threads=(8, 4), map_to_blocks=(4, 4),
+                             use_shared_memory=True, unroll=2)
+    case = CASE["tmm"]
+    inputs = case.inputs(np.random.default_rng(5))
+    spec = tf_op.TcFunction(TMM, "tmm", backward=None, backend="cuda",
+                            options=options).cuda_spec(*inputs)
+    assert "__shared__" in spec.source and ".shared" in spec.module
+    assert spec.block == ((8, 4, 1),) * len(spec.kernels)
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(spec.module)
+    proc = subprocess.run([ptxas, "-arch=sm_90", str(ptx), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
+    """A tf.function with the op and its gradient traces to TcCudaKernel nodes carrying the
+    launch attributes, with static output shapes; the backward TC is a GPU op too."""
+    _require_cuda_toolkit()
+    monkeypatch.setattr(tf_op, "require_gpu", lambda: None)  # build the graph, never run it
+    f = tf_op.tc_function(TMM, "tmm", backend="cuda")
+
+    @tf.function(autograph=False)
+    def loss_and_grad(A, B):
+        with tf.GradientTape() as tape:
+            tape.watch(A)
+            C = f(A, B)
+            loss = tf.reduce_sum(C * C)
+        return C, tape.gradient(loss, A)
+
+    concrete = loss_and_grad.get_concrete_function(tf.TensorSpec([40, 24]),
+                                                   tf.TensorSpec([50, 24]))
+    C, dA = concrete.structured_outputs
+    assert C.shape == (40, 50) and dA.shape == (40, 24)
+    ops = [op for op in concrete.graph.get_operations() if op.type == "TcCudaKernel"]
+    assert len(ops) == 2, [op.type for op in concrete.graph.get_operations()]
+    forward = f.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]))
+    fwd = next(op for op in ops if op.get_attr("entry") == b"tmm")
+    assert [k.decode() for k in fwd.get_attr("kernels")] == list(forward.kernels)
+    assert fwd.get_attr("grid") == [x for g in forward.grid for x in g]
+    assert fwd.get_attr("block") == [x for b in forward.block for x in b]
+    assert fwd.get_attr("module").decode() == forward.module
+    bwd = next(op for op in ops if op is not fwd)
+    assert bwd.get_attr("entry").decode() == f.backward.entry
+
+
+def test_asking_for_the_cuda_op_without_a_gpu_is_a_clear_error():
+    rng = np.random.default_rng(8)
+    A, B = random_array(rng, (33, 7)), random_array(rng, (21, 7))
+    f = tf_op.tc_function(TMM, "tmm", backend="cuda")
+    if HAS_GPU:  # on a GPU machine the op must run, forward and backward, on the GPU
+        _require_cuda_toolkit()
+        At = tf.constant(A)
+        with tf.GradientTape() as tape:
+            tape.watch(At)
+            C = f(At, B)
+            loss = tf.reduce_sum(C * C)
+        dA = tape.gradient(loss, At)
+        assert "GPU" in C.device
+        np.testing.assert_allclose(C.numpy(), A @ B.T, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(dA.numpy(), 2 * (A @ B.T) @ B, rtol=1e-4, atol=1e-3)
+        return
+    with pytest.raises(TcBackendError, match=r"backend 'cuda': TensorFlow sees no GPU here .*"
+                                             r"TcCudaKernel op runs only on a GPU"):
+        f(A, B)
+    with pytest.raises(TcBackendError, match="sees no GPU"):
+        tf.function(lambda a, b: f(a, b), autograph=False)(A, B)
+
+
+def test_the_op_never_falls_back_to_the_cpu():
+    """Asked to run on the CPU (no soft placement), the op is an error naming it: there is no
+    CPU kernel, and nothing silently executes it elsewhere."""
+    _require_cuda_toolkit()
+    lib = tf_op.load_cuda_op_library()
+    spec = tf_op.TcFunction(TMM, "tmm", backward=None, backend="cuda").cuda_spec(
+        tf.ones([4, 3]), tf.ones([5, 3]))
+    soft = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(False)
+    try:
+        with tf.device("/CPU:0"), pytest.raises(
+                (tf.errors.NotFoundError, tf.errors.InvalidArgumentError), match="TcCudaKernel"):
+            lib.tc_cuda_kernel(inputs=[tf.ones([4, 3]), tf.ones([5, 3])], Tout=[tf.float32],
+                               input_shapes=[(4, 3), (5, 3)], output_shapes=[(4, 5)],
+                               entry="tmm", module=spec.module, kernels=list(spec.kernels),
+                               grid=[x for g in spec.grid for x in g],
+                               block=[x for b in spec.block for x in b])
+    finally:
+        tf.config.set_soft_device_placement(soft)
+
+
+def test_bad_backend_and_missing_toolkit_errors(monkeypatch):
+    with pytest.raises(TcBackendError, match="'cpu' \\(TcKernel\\) or 'cuda'"):
+        tf_op.TcFunction(TMM, "tmm", backend="opencl")
+    monkeypatch.setattr(tf_op, "_cuda_library", None)
+    monkeypatch.setattr(tf_op, "cuda_include_dir", lambda: None)
+    with pytest.raises(tf_op.OpLibraryError, match="needs cuda.h"):
+        tf_op.load_cuda_op_library()
