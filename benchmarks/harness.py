@@ -110,7 +110,8 @@ class Report:
         """Time every implementation of ``case`` round-robin and add one row each.
 
         Each round times every implementation once (``inner`` calls), so load from other jobs
-        on a shared machine hits all of them alike and the ratios stay fair.  An implementation
+        on a shared machine hits all of them alike and the ratios stay fair; the round's order
+        rotates, so no implementation is always timed first.  An implementation
         that raises during warm-up gets no row; its error goes into ``notes``.  ``statistic``
         ("median" or "min") picks the sample a row reports; min/max always bound it.
         """
@@ -123,8 +124,12 @@ class Report:
             except Exception as e:  # a peer that cannot run this case
                 first = (str(e).strip().splitlines() or [""])[0]
                 self.notes += f"\n{case} {name}: failed ({type(e).__name__}: {first[:160]})"
-        for _ in range(rounds):
-            for name, fn in alive.items():
+        order = list(alive.items())
+        for r in range(rounds):
+            # rotate who goes first: the first call after another program's can pay for a
+            # cold thread pool or caches, and that must not always be the same implementation
+            k = r % max(1, len(order))
+            for name, fn in order[k:] + order[:k]:
                 samples[name].append(time_fn(fn, repeats=1, warmup=0, inner=inner).median)
         timings = {name: Timing(statistics.median(s), min(s), max(s), len(s), s)
                    for name, s in samples.items()}

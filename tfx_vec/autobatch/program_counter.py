@@ -6,8 +6,8 @@ its index static.  The state is: the program counter (cached top, ``[D + 2, B]``
 per-member stack pointer), one ``[B, ...]`` value per register, and for every stack variable a
 cached top, a ``[D + 1, B, ...]`` stack (the last slot is a junk slot for members that do not
 write) and per-member stack pointers.  Temporaries live only inside
-a block.  Everything has a static shape, so the runtime runs eagerly (through a cached
-``tf.function``), inside ``tf.function`` and under ``jit_compile=True`` as one XLA program.
+a block.  Everything has a static shape, so the runtime runs eagerly (through one traced
+``ConcreteFunction`` per input signature), inside ``tf.function`` and under ``jit_compile=True`` as one XLA program.
 
 A member that would recurse deeper than ``max_stack_depth`` stops and is flagged; so is every
 member still running after ``max_steps`` loop steps.  Called eagerly, flags raise
