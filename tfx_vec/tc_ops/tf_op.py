@@ -1,4 +1,4 @@
-"""A Tensor Comprehension as a real TensorFlow op.
+"""A Tensor Comprehension as a real TensorFlow op, on the CPU or on a GPU.
 
 One generic op library (``tf_op/tc_kernel_op.cc``) is compiled once against TensorFlow's own
 headers (``tf.sysconfig`` flags), cached under :func:`tfx_vec.tc_ops.cache.cache_root` (rebuilt
@@ -9,9 +9,18 @@ compiles (or finds in the cache) the shared object, dlopens it and later calls
 when the op executes, so it works in eager, in ``tf.function``, in Keras models and after a
 SavedModel reload (load the library first: :func:`load_op_library`).
 
-Stages: :func:`load_op_library` (build/load the library) → :func:`kernel_op` (one call of a
-compiled C kernel, any ABI-conforming source) → :func:`tc_op` (a TC entry point: generated C
-from the cpu backend, a gradient from backward TCs via ``tf.custom_gradient``).
+Its GPU twin, ``TcCudaKernel`` (``tf_op/tc_cuda_kernel_op.cc``, its own library built with
+``-DGOOGLE_CUDA=1`` and CUDA's ``cuda.h``: :func:`load_cuda_op_library`), carries the PTX of the
+cuda backend's kernels (``nvcc --ptx``), their names and the mapping's grid/block sizes; its
+``DEVICE_GPU`` kernel loads the module with the CUDA driver API (resolved with
+``dlopen("libcuda.so.1")``, so the library loads where there is no driver) and launches the
+kernels on TF's own stream on the tensors' device memory: inputs, outputs, then TC temporaries.
+It has no CPU kernel, and TcKernel no GPU kernel, so the placer never mixes them up.
+
+Stages: :func:`load_op_library` / :func:`load_cuda_op_library` (build/load a library) →
+:func:`kernel_op` / :func:`cuda_kernel_op` (one op on an ABI-conforming C source / a
+:class:`CudaLaunchSpec`) → :class:`TcFunction` (a TC entry point on ``backend="cpu"`` or
+``"cuda"``, with a gradient from backward TCs registered on both op types).
 
 Example::
 
@@ -142,9 +151,12 @@ def load_cuda_op_library():
     It resolves the CUDA driver at run time (``dlopen("libcuda.so.1")``), so it builds and loads
     on a machine without a driver or GPU too (where TensorFlow has no GPU device to run it on).
     Raises OpLibraryError when ``cuda.h`` is not found or TensorFlow is not built with CUDA.
+    Load it before ``tf.saved_model.load`` of a graph holding ``TcCudaKernel`` ops.
 
-    >>> lib = load_cuda_op_library(); callable(lib.tc_cuda_kernel)  # doctest: +SKIP
-    True
+    Example::
+
+        lib = load_cuda_op_library()   # needs a CUDA toolkit's headers, not a GPU
+        lib.tc_cuda_kernel             # the raw op (see cuda_kernel_op)
     """
     global _cuda_library
     with _lock:
@@ -168,6 +180,11 @@ def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
     """PTX of a CUDA source (``nvcc --ptx -arch=<arch>``), cached on disk by source and arch.
 
     Raises TcBackendError without nvcc, TcCompileError with nvcc's output when it fails.
+
+    Example::
+
+        ptx = cuda_ptx('extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1; }')
+        assert ".entry k(" in ptx
     """
     from .backends.cuda import nvcc_path
     from .errors import TcBackendError, TcCompileError
@@ -260,6 +277,11 @@ def cuda_kernel_op(inputs: Sequence, spec: CudaLaunchSpec, *, grad_key: str = ""
     """Launch ``spec``'s kernels as one ``TcCudaKernel`` op on the inputs (placed on a GPU).
 
     Raises TcBackendError where TensorFlow has no GPU (checked first: the op has no CPU kernel).
+
+    Example::
+
+        f = TcFunction(TMM, "tmm", backend="cuda")
+        (C,) = cuda_kernel_op([A, B], f.cuda_spec(A, B))   # what f(A, B) does, minus the gradient
     """
     require_gpu()
     lib = _cuda_library or load_cuda_op_library()
@@ -327,6 +349,8 @@ class TcFunction:
             tape.watch(A)
             C = f(A, B)
         dA = tape.gradient(C, A)
+        g = TcFunction(f.source, "tmm", backend="cuda")   # the same on the GPU (TcCudaKernel)
+        spec = g.cuda_spec(A, B)        # its PTX, kernels, grid/block: needs nvcc, not a GPU
     """
 
     def __init__(self, source: str, entry: str, *, backward="auto", options=None,
