@@ -105,6 +105,12 @@ def _apply_write(stack: Any, write: tuple) -> Any:
 # }}}
 
 
+def _merge(small: dict, changed: dict) -> dict:
+    """``small`` with the entries of ``changed`` (a sub-dict, see ``changes_of``) replaced."""
+    return {**small, **{k: v for k, v in changed.items() if k not in ("vals", "sp")},
+            "vals": {**small["vals"], **changed["vals"]}, "sp": {**small["sp"], **changed["sp"]}}
+
+
 def _pushes_pc(t: Any) -> bool:
     """Does terminator ``t`` write the program-counter stack?"""
     return isinstance(t, ir.PushJump) and t.push
@@ -252,6 +258,27 @@ class _Machine:
         return any(v not in self.types or any(
             s.shape.rank != 1 for s in tf.nest.flatten(self.types[v])) for v in touched)
 
+    def changes_of(self, i: int) -> Callable[[dict], dict]:
+        """Statically, the entries of the small state block ``i`` may change, as a function
+        picking them from a state: a guarded block's conditional passes only these through
+        (XLA copies every output of a conditional on each step)."""
+        b, t = self.p.blocks[i], self.p.blocks[i].terminator
+        vals, sps = set(), set()
+        for op in b.ops:
+            if isinstance(op, ir.Primitive):
+                vals.update(v for v in op.outputs if self.p.allocation[v] != ir.TEMPORARY)
+            elif isinstance(op, (ir.Push, ir.Pop)):
+                sps.add(op.var)
+            if isinstance(op, (ir.Pop, ir.Peek)):
+                vals.add(op.var)
+        scalars = ["pc"]
+        if _pushes_pc(t) or (isinstance(t, ir.Return) and t.target is None):
+            scalars.append("pc_sp")
+        if _pushes_pc(t) or any(isinstance(op, ir.Push) for op in b.ops):
+            scalars.append("overflow")
+        return lambda s: {**{k: s[k] for k in scalars}, "vals": {v: s["vals"][v] for v in vals},
+                          "sp": {v: s["sp"][v] for v in sps}}
+
     def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
         """Statically: does block ``i`` write the pc stack, and which variable stacks."""
         b = self.p.blocks[i]
@@ -299,13 +326,15 @@ class _Machine:
                 for i in range(self.halt):
                     small = count(small, i)
                     if scheduler == "sweep_guarded" and self.worth_guarding(i):
-                        keys = self.writes_of(i)
-                        small, writes = tf.cond(
+                        keys, part = self.writes_of(i), self.changes_of(i)
+                        changed, writes = tf.cond(
                             tf.reduce_any(tf.equal(small["pc"], i)),
-                            lambda i=i, small=small, big=big, keys=keys: uniform_block(
-                                i, small, big, keys),
-                            lambda small=small, keys=keys: (small, self.uniform(
+                            lambda i=i, small=small, big=big, keys=keys, part=part: (
+                                lambda new, w: (part(new), w))(*uniform_block(
+                                    i, small, big, keys)),
+                            lambda small=small, keys=keys, part=part: (part(small), self.uniform(
                                 small, {"pc_stack": None, "stack": {}}, keys)))
+                        small = _merge(small, changed)
                     else:
                         small, writes = self.block(i, small, big)
                     big = apply(big, writes)
