@@ -51,7 +51,8 @@ from .cache import cache_root
 
 __all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError",
            "TcFunction", "tc_function", "load_cuda_op_library", "cuda_kernel_op", "cuda_ptx",
-           "cuda_include_dir", "CudaLaunchSpec", "require_gpu", "DEFAULT_CUDA_ARCH"]
+           "cuda_include_dir", "cuda_op_library_path", "CudaLaunchSpec", "require_gpu",
+           "DEFAULT_CUDA_ARCH"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_kernel_op.cc")
@@ -86,8 +87,9 @@ def _op_library_path(name: str, source: str, extra_flags: Sequence[str] = ()
     return out, cmd
 
 
-def _build_and_load(out: str, cmd: list[str], what: str):
-    """``tf.load_op_library`` of ``out``, first building it with ``cmd`` when missing."""
+def _build_and_load(out: str, cmd: list[str], what: str, keep_log: bool = False):
+    """``tf.load_op_library`` of ``out``, first building it with ``cmd`` when missing (with
+    ``keep_log``, the compiler's messages go to ``out + ".log"``)."""
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
@@ -98,6 +100,9 @@ def _build_and_load(out: str, cmd: list[str], what: str):
             os.unlink(tmp)
             raise OpLibraryError(
                 f"building the {what} op library failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        if keep_log:
+            with open(out + ".log", "w") as f:
+                f.write(f"{' '.join(cmd)}\n{proc.stderr}")
         os.replace(tmp, out)  # atomic: a concurrent builder's result is equivalent
     try:
         return tf.load_op_library(out)
@@ -171,9 +176,22 @@ def load_cuda_op_library():
                     "CUDA_HOME); none was found in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda or "
                     "next to nvcc")
             out, cmd = _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE,
-                                        ["-DGOOGLE_CUDA=1", f"-I{inc}"])
-            _cuda_library = _build_and_load(out, cmd, "TcCudaKernel")
+                                        _cuda_op_flags(inc))
+            _cuda_library = _build_and_load(out, cmd, "TcCudaKernel", keep_log=True)
         return _cuda_library
+
+
+def _cuda_op_flags(cuda_include: str) -> list[str]:
+    # Warnings on: the build log (kept next to the library) shows whether our code has any.
+    return ["-DGOOGLE_CUDA=1", f"-I{cuda_include}", "-Wall", "-Wextra"]
+
+
+def cuda_op_library_path() -> str:
+    """Where :func:`load_cuda_op_library` builds the library (its log: the same + ``.log``)."""
+    inc = cuda_include_dir()
+    if inc is None:
+        raise OpLibraryError("no cuda.h found (set CUDA_HOME)")
+    return _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE, _cuda_op_flags(inc))[0]
 
 
 def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
