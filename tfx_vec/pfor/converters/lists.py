@@ -361,9 +361,10 @@ def _counted_set(x: ConversionInput, w: RowCountedList, index: tf.Tensor, item: 
     checks = _check(x, tf.reduce_all(ok),
                     "index out of range in some iteration; per-iteration indices and element "
                     "counts:", index, ends - starts)
-    new_ends = tf.maximum(ends, pos + 1) if resize else ends
     with tf.control_dependencies(checks):
-        need = tf.reduce_max(tf.concat([new_ends, [0]], 0))
+        pos = tf.identity(pos)
+    new_ends = tf.maximum(ends, pos + 1) if resize else ends
+    need = tf.reduce_max(tf.concat([new_ends, [0]], 0))
     buf = w.t
     if resize:
         length = list_ops.tensor_list_length(buf)
