@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "tensorflow/core/framework/op.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "xla/stream_executor/stream.h"
