@@ -176,6 +176,31 @@ def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
     assert bwd.get_attr("entry").decode() == f.backward.entry
 
 
+def test_savedmodel_with_the_gpu_op_reloads_with_its_attributes(tmp_path, monkeypatch):
+    """The op's attributes (PTX, kernels, grid/block) survive a SavedModel round trip: the
+    reloaded function holds the same TcCudaKernel node (with the library loaded first)."""
+    _require_cuda_toolkit()
+    monkeypatch.setattr(tf_op, "require_gpu", lambda: None)  # build the graph, never run it
+    f = tf_op.tc_function(TMM, "tmm", backend="cuda")
+
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([4, 3]), tf.TensorSpec([5, 3])],
+                     autograph=False)
+        def tmm(self, a, b):
+            return f(a, b)
+
+    tf.saved_model.save(M(), str(tmp_path / "m"))
+    tf_op.load_cuda_op_library()
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    graph = loaded.tmm.get_concrete_function().graph.as_graph_def()
+    nodes = [n for fd in graph.library.function for n in fd.node_def if n.op == "TcCudaKernel"]
+    assert len(nodes) == 1
+    spec = f.cuda_spec(tf.ones([4, 3]), tf.ones([5, 3]))
+    assert nodes[0].attr["module"].s.decode() == spec.module
+    assert list(nodes[0].attr["grid"].list.i) == [x for g in spec.grid for x in g]
+    assert list(nodes[0].attr["block"].list.i) == [x for b in spec.block for x in b]
+
+
 def test_asking_for_the_cuda_op_without_a_gpu_is_a_clear_error():
     rng = np.random.default_rng(8)
     A, B = random_array(rng, (33, 7)), random_array(rng, (21, 7))
