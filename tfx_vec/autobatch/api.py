@@ -42,13 +42,20 @@ class AutobatchFunction:
     ``jit_compile``, ``max_stack_depth``, ``max_steps``, ``gather`` and ``xla_blocks``
     (local_static), ``scheduler`` (program_counter: ``"earliest"``, ``"most_active"``,
     ``"sweep"``, ``"sweep_guarded"``), ``utilization`` (program_counter: count block runs and
-    active members into ``fn.last_status``).
+    active members into ``fn.last_status``).  ``block_layout`` (decoration time only: it
+    shapes the compiled program) orders the stack machine's blocks: ``"source"`` or
+    ``"continuations_first"`` (see :mod:`.passes.layout`).
     """
 
     def __init__(self, fn: Callable, *, max_stack_depth: int = 32, max_steps: int = 100_000,
                  runtime: str = "program_counter", jit_compile: bool = False,
-                 scheduler: str = "earliest"):
+                 scheduler: str = "earliest", block_layout: str = "source"):
+        from .passes import LAYOUTS
+        if block_layout not in LAYOUTS:
+            raise AutobatchError(f"unknown block_layout {block_layout!r} for "
+                                 f"{getattr(fn, '__name__', fn)}; choose one of {LAYOUTS}")
         functools.update_wrapper(self, fn)
+        self.block_layout = block_layout
         self._autobatch_python_fn = fn
         self.options = dict(max_stack_depth=max_stack_depth, max_steps=max_steps,
                             runtime=runtime, jit_compile=jit_compile, scheduler=scheduler,
@@ -69,7 +76,7 @@ class AutobatchFunction:
         """The optimized stack-machine program (the whole pass pipeline, cached)."""
         if self._lowered is None:
             from .passes import pipeline
-            self._lowered = pipeline(self.program())
+            self._lowered = pipeline(self.program(), block_layout=self.block_layout)
         return self._lowered
 
     def unbatched(self, *args: Any) -> Any:

@@ -64,7 +64,7 @@ def run(program: ir.Program, lowered: ir.Program, args: Sequence[Any], *,
     stacks = {v: _zeros(types[v], (depth,)) for v, a in alloc.items() if a == ir.STACK}
     sps = {v: np.zeros(batch, np.int64) for v in stacks}
     vals.update(zip(lowered.params, args))
-    pc = np.zeros(batch, np.int64)
+    pc = np.full(batch, lowered.entries[lowered.main], np.int64)
     pc_stack = np.full((depth + 1, batch), halt, np.int64)
     pc_sp = np.ones(batch, np.int64)
     members = np.arange(batch)

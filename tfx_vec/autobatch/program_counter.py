@@ -146,7 +146,7 @@ class _Machine:
     def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
         small = {
-            "pc": tf.zeros([batch], tf.int32),
+            "pc": tf.fill([batch], self.p.entries[self.p.main]),
             "pc_sp": tf.ones([batch], tf.int32),
             "overflow": tf.zeros([batch], tf.bool),
             "runs": tf.zeros([self.halt], tf.int32),
