@@ -8,6 +8,12 @@ members at different recursion points); the program-counter runtime runs T traje
 call (``num_trajectories_per_step=T``) and so batches the 5th gradient of one chain's 3rd
 trajectory with the 8th of another's 2nd.  Both start from exact draws of the target.
 
+Each row also records the *ceiling* of its schedule: a chain cannot take more gradients than it
+needs, so a call costs at least as many batched gradients as its longest chain needs, and
+utilization is at most (gradients needed) / (batch x sum over calls of the longest chain's
+need).  The earliest-block program counter reaches it exactly (its gradient block runs only when
+every unfinished chain waits there); only more trajectories per call raise it.
+
 Run: ``.venv/bin/python -m benchmarks [--quick] nuts_utilization``.
 """
 from __future__ import annotations
@@ -42,16 +48,33 @@ def _counting_target(prec: np.ndarray):
 
 
 def measure(kernel: NoUTurnSampler, calls: tf.Variable, x0: tf.Tensor, trajectories: int,
-            per_call: int, seed: int = 0) -> float:
-    """Utilization over ``trajectories`` trajectories, ``per_call`` of them per ``one_step``."""
+            per_call: int, seed: int = 0) -> tuple[float, float, float | None]:
+    """Utilization over ``trajectories`` trajectories, ``per_call`` of them per ``one_step``.
+
+    Returns (utilization, ceiling, program-counter loop steps per batched gradient or None).
+    The ceiling is what a schedule that never runs the gradient for fewer than all unfinished
+    chains achieves: per call, every chain waits for the one needing the most gradients, so it
+    is (sum of gradients needed) / (batch x sum over calls of the per-call maximum).
+    """
     results = kernel.bootstrap_results(x0)
     state = x0
     calls.assign(0)
-    taken = 0
+    needed = np.zeros(int(x0.shape[0]), np.int64)
+    worst = 0
+    steps = 0
+    program = None
     for i in range(trajectories // per_call):
         state, results = kernel.one_step(state, results, seed=(seed, i))
-    taken = int(tf.reduce_sum(results.leapfrogs_taken))
-    return taken / (int(calls.numpy()) * int(x0.shape[0]))
+        taken = results.leapfrogs_taken.numpy()
+        worst += int((taken - needed).max())
+        needed = taken
+        if kernel.runtime == "program_counter":
+            program = program or next(iter(kernel._programs.values()))
+            steps += int(program.last_status.steps)
+    batched = int(calls.numpy())
+    per_grad = steps / batched if program is not None else None
+    return (needed.sum() / (batched * needed.size), needed.sum() / (worst * needed.size),
+            per_grad)
 
 
 def run(quick: bool) -> Report:
@@ -67,14 +90,21 @@ def run(quick: bool) -> Report:
                            f"100-d correlated Gaussian, step size {step:.3f}, chains start at "
                            "exact draws; local static: 10 trajectories, one per call; program "
                            "counter: T trajectories in one call (eager graph; XLA does not "
-                           "change the schedule)."))
+                           "change the schedule). Each row's extra 'ceiling' is the best any "
+                           "schedule synchronizing on these calls can do (sum needed / (batch x "
+                           "sum of per-call maxima)); 'loop_steps_per_gradient' counts the "
+                           "program counter's loop steps per batched gradient."))
     chol = np.linalg.cholesky(cov)
     for b in batches:
         x0 = tf.constant((rng.normal(size=(b, DIM)) @ chol.T).astype(np.float32))
         case = f"batch={b}"
-        u = measure(base, calls, x0, trajectories=counts[-1], per_call=1)
-        report.add(case, "local_static", u)
+        u, ceiling, _ = measure(base, calls, x0, trajectories=counts[-1], per_call=1)
+        report.add(case, "local_static", u, ceiling=ceiling)
         for t in counts:
             k = base.copy(runtime="program_counter", num_trajectories_per_step=t)
-            report.add(case, f"program_counter T={t}", measure(k, calls, x0, t, per_call=t))
+            u, ceiling, per_grad = measure(k, calls, x0, t, per_call=t)
+            report.add(case, f"program_counter T={t}", u, ceiling=ceiling,
+                       loop_steps_per_gradient=per_grad)
+            print(f"  {case:11s} T={t:3d} utilization {u:.3f} (ceiling {ceiling:.3f}), "
+                  f"{per_grad:.1f} loop steps per gradient", flush=True)
     return report

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfx_vec.autobatch import nuts
+from tfx_vec.autobatch import ir, nuts
 from tfx_vec.autobatch.nuts import NoUTurnSampler
 
 CHAINS = 5
@@ -96,6 +96,19 @@ def test_chain_seeds_do_not_depend_on_the_batch():
     test above) chain b gets the same draws alone as in any batch."""
     np.testing.assert_array_equal(nuts.chain_seeds((1, 1), 3), nuts.chain_seeds((1, 1), 7)[:3])
     assert len({tuple(s) for s in nuts.chain_seeds((1, 1), 1000).numpy()}) == 1000
+
+
+def test_one_gradient_block_and_it_is_last():
+    """The structure the program-counter schedule relies on (issue #5): exactly one block of
+    the lowered program evaluates the gradient (the leaf) and it is the last block, so with
+    earliest-block scheduling every unfinished chain waits there before it runs; trajectory
+    boundaries are no function calls (one loop of doublings, recursion only in build_tree)."""
+    kernel = NoUTurnSampler(_two_part_log_prob, step_size=0.3)
+    program = kernel._program(nuts._StateSpec(_two_part_state()), batched=True).lowered()
+    gradient_blocks = [i for i, b in enumerate(program.blocks) for op in b.ops
+                       if isinstance(op, ir.Primitive) and "leaf(" in op.text]
+    assert gradient_blocks == [len(program.blocks) - 1]
+    assert set(program.entries) == {"run_trajectories", "build_tree"}
 
 
 def test_divergence_is_flagged_and_state_kept():

@@ -12,11 +12,14 @@ Pipeline of this module, top to bottom:
    target sees the parts again through :class:`_StateSpec`), builds per-chain step sizes
    ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``.
 2. ``_make_program`` (cached per state structure) defines the single-chain program
-   ``run_trajectories -> trajectory -> build_tree`` and hands each function to ``wrap``:
-   ``ab.function`` for the batched runtimes, the identity for the per-chain reference
-   (``runtime="python"``, which runs the very same Python one chain at a time).
-3. Straight-line pieces (leapfrog leaf, subtree merge, trajectory extension, randomness) are
-   ordinary TF functions that the autobatch compiler treats as primitives.
+   ``run_trajectories -> build_tree`` and hands each function to ``wrap``: ``ab.function``
+   for the batched runtimes, the identity for the per-chain reference (``runtime="python"``,
+   which runs the very same Python one chain at a time).  ``run_trajectories`` is one loop
+   over doublings: a chain whose trajectory stops starts the next one in the same block
+   (selects, not control flow), so the path between two gradients never passes through
+   trajectory boundaries.
+3. Straight-line pieces (leapfrog leaf, subtree merge, trajectory extension and restart,
+   randomness) are ordinary TF functions that the autobatch compiler treats as primitives.
 4. Randomness is a counter-based hash (murmur3 finalizer) of each chain's seed, so chain ``b``
    depends only on the step seed and ``b``: the same chain gives the same draws in any batch,
    under any runtime.
@@ -243,17 +246,26 @@ def _merge_subtrees(seed, qp1, gp1, lp1, p_beg1, p_end1, rho1, lsw1, metro1, lea
             div1 | div2)
 
 
-def _start_trajectory(q, logp, g, seed):
-    """Fresh momentum, initial energy and the bookkeeping of a one-point trajectory."""
-    seed, s_momentum = _split(seed, 2)
+def _start_trajectory(seed, q, logp, g):
+    """The chain's next trajectory from ``(q, logp, g)``: a seed for it, a fresh momentum, the
+    initial energy and the bookkeeping of a one-point trajectory."""
+    seed, s_traj = _split(seed, 2)
+    s_traj, s_momentum = _split(s_traj, 2)
     p = _normal(s_momentum, q.shape[-1], q.dtype)
     h0 = -logp + 0.5 * _dot(p, p)
     zero_f = tf.zeros_like(logp)
     zero_i = tf.zeros_like(logp, tf.int32)
     false = tf.zeros_like(logp, tf.bool)
     # forward end, backward end, sample, rho, log-sum-weight, depth, leaves, metro, flags
-    return (seed, h0, q, p, g, logp, q, p, g, logp, q, g, logp, p, zero_f, zero_i, zero_i,
-            zero_f, false, false, false, ~false)
+    return (seed, s_traj, h0, q, p, g, logp, q, p, g, logp, q, g, logp, p, zero_f, zero_i,
+            zero_i, zero_f, false, false, false)
+
+
+def _restart(go, q, logp, g, *trajectory):
+    """Chains whose trajectory stopped (``go`` false) start the next one from ``(q, logp,
+    g)``; the others keep ``trajectory`` (the outputs of :func:`_start_trajectory`)."""
+    fresh = _start_trajectory(trajectory[0], q, logp, g)
+    return tuple(_where(go, old, new) for old, new in zip(trajectory, fresh))
 
 
 def _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb):
@@ -291,10 +303,18 @@ def _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub):
     return leaves + leaves_sub, metro + metro_sub, div | div_sub
 
 
-def _finish_trajectory(unrolled: int, leaves, metro):
-    """Stan's acceptance statistic (mean Metropolis probability over leaves), as a log."""
+def _finish_trajectory(unrolled: int, go, t, leapfrogs, state, stats, q_s, l_s, g_s, leaves,
+                       metro, accepted, reach_max, div):
+    """Chains whose trajectory stopped (``go`` false) count it, take its sample as their new
+    ``state = (q, logp, g)`` and its statistics as their last ``stats = (log_accept,
+    accepted, reach_max, div)``; log_accept is Stan's (mean Metropolis probability over
+    leaves, as a log)."""
+    done = ~go
     log_accept = tf.math.log(metro / tf.cast(leaves, metro.dtype))
-    return log_accept, leaves * unrolled
+    new = (q_s, l_s, g_s, log_accept, accepted, reach_max, div)
+    q, logp, g, *stats = (_where(done, a, b) for a, b in zip(new, (*state, *stats)))
+    return (t + tf.cast(done, t.dtype), leapfrogs + tf.where(done, leaves * unrolled, 0), q, logp,
+            g, *stats)
 
 
 def _start_steps(q):
@@ -302,11 +322,6 @@ def _start_steps(q):
     zero_f = tf.zeros(tf.shape(q)[:1], q.dtype)
     false = tf.zeros(tf.shape(q)[:1], tf.bool)
     return zero_i, zero_i, zero_f, false, false, false
-
-
-def _next_seed(seed):
-    seed, s_traj = _split(seed, 2)
-    return seed, s_traj
 
 # }}}
 
@@ -351,34 +366,32 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
 
     @wrap
-    def trajectory(q0, logp0, g0, eps, seed):
-        """One NUTS transition from (q0, logp0, g0)."""
-        (seed, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, leaves,
-         metro, accepted, reach_max, div, go) = _start_trajectory(q0, logp0, g0, seed)
-        while go:
-            (seed, seed_tree, forward, direction, q_i, p_i, g_i,
-             l_i) = _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb)
+    def run_trajectories(num, q, logp, g, eps, seed):
+        """``num`` NUTS transitions in sequence from state ``q`` (Figure 7: the batch can
+        overlap them).  One loop iteration is one doubling of the current trajectory; a
+        chain whose trajectory stops starts its next one in the same block, so chains at
+        different trajectories share every block, the gradient included."""
+        (t, leapfrogs, log_accept, accepted, reach_max, div) = _start_steps(q)
+        (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
+         leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(seed, q, logp, g)
+        while t < num:
+            (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
+             l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
             (q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, metro_sub, leaves_sub,
              valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i, eps, h0,
                                           seed_tree)
-            leaves, metro, div = _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub)
-            (seed, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, accepted,
-             reach_max, go) = extend(seed, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s,
-                                     l_s, rho, lsw, depth, accepted, q_e, p_e, g_e, l_e, qp,
-                                     gp, lp, p_beg, rho_sub, lsw_sub, valid)
-        log_accept, leapfrogs = finish(leaves, metro)
-        return q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div
-
-    @wrap
-    def run_trajectories(num, q, logp, g, eps, seed):
-        """``num`` trajectories in sequence (Figure 7: the batch can overlap them)."""
-        (t, leapfrogs, log_accept, accepted, reach_max, div) = _start_steps(q)
-        while t < num:
-            seed, seed_traj = _next_seed(seed)
-            (q, logp, g, log_accept, accepted, more, reach_max,
-             div) = trajectory(q, logp, g, eps, seed_traj)
-            leapfrogs = leapfrogs + more
-            t = t + 1
+            leaves, metro, div_t = _tally(leaves, leaves_sub, metro, metro_sub, div_t, div_sub)
+            (seed_t, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, accepted_t,
+             reach_max_t, go) = extend(seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s,
+                                       g_s, l_s, rho, lsw, depth, accepted_t, q_e, p_e, g_e,
+                                       l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, valid)
+            (t, leapfrogs, q, logp, g, log_accept, accepted, reach_max, div) = finish(
+                go, t, leapfrogs, (q, logp, g), (log_accept, accepted, reach_max, div), q_s,
+                l_s, g_s, leaves, metro, accepted_t, reach_max_t, div_t)
+            (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
+             leaves, metro, accepted_t, reach_max_t, div_t) = _restart(
+                go, q, logp, g, seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s,
+                rho, lsw, depth, leaves, metro, accepted_t, reach_max_t, div_t)
         return q, logp, g, log_accept, accepted, leapfrogs, reach_max, div
 
     return run_trajectories
