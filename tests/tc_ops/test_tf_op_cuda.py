@@ -1,10 +1,14 @@
 """The GPU op of tf_op (``TcCudaKernel``), proven as far as a machine without a GPU can:
 the op library compiles warning-free and loads, its kernel is registered for GPU only, the PTX
 it would launch assembles for sm_90 and fits the launch, the launch attributes are the
-mapping's, graphs (and their gradients) build with it, and asking to run it without a GPU is a
-clear error.  On a machine with a GPU the same tests run the op against NumPy instead."""
+mapping's, the launcher's driver calls (against a recording fake libcuda) are the right ones in
+the right order, graphs (and their gradients, and SavedModels) build with it, and asking to run
+it without a GPU is a clear error.  On a machine with a GPU the op also runs against NumPy."""
+import os
+import pathlib
 import re
 import subprocess
+from dataclasses import replace as dataclasses_replace
 
 import numpy as np
 import pytest
@@ -45,7 +49,8 @@ def test_gpu_op_library_compiles_without_warnings_and_loads():
     so = tf_op.cuda_op_library_path()
     with open(so + ".log") as log:
         ours = [ln for ln in log.read().splitlines()
-                if re.search(r"(tc_cuda_kernel_op\.cc|tc_op_common\.h):\d+:\d+: warning", ln)]
+                if re.search(r"(tc_cuda_kernel_op\.cc|tc_cuda_launch\.h|tc_op_common\.h):\d+:\d+: "
+                         r"warning", ln)]
     assert not ours, "\n".join(ours)
     # No link-time dependency on the driver: it is dlopen'ed when a GPU kernel is built.
     needed = subprocess.run([readelf, "-d", so], capture_output=True, text=True).stdout
@@ -143,6 +148,109 @@ def test_shared_memory_mapping_fits_the_launch(tmp_path):
     proc = subprocess.run([ptxas, "-arch=sm_90", str(ptx), "-o", str(tmp_path / "k.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- the launcher against a recording fake driver ------------------------------------------
+FAKE = pathlib.Path(__file__).with_name("cuda_fake")
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    """(harness, fake libcuda, fake libcuda without cuLaunchKernel): the launcher of
+    ``tf_op/tc_cuda_launch.h`` built into a program, and two stand-ins for the driver."""
+    _require_cuda_toolkit()
+    gcc, gxx = require_tool("gcc"), require_tool("g++")
+    out = tmp_path_factory.mktemp("cuda_fake")
+    inc = tf_op.cuda_include_dir()
+    libs = []
+    for name, extra in [("libfake.so", []), ("libold.so", ["-DOMIT_LAUNCH"])]:
+        subprocess.run([gcc, "-shared", "-fPIC", f"-I{inc}", *extra, str(FAKE / "fake_libcuda.c"),
+                        "-o", str(out / name)], check=True)
+        libs.append(str(out / name))
+    tf_dir = os.path.dirname(tf.__file__)
+    cmd = [gxx, "-O1", *tf.sysconfig.get_compile_flags(), f"-I{inc}",
+           f"-I{os.path.dirname(tf_op._CUDA_OP_SOURCE)}", str(FAKE / "launch_harness.cc"),
+           "-o", str(out / "harness"), *tf.sysconfig.get_link_flags(), f"-Wl,-rpath,{tf_dir}",
+           "-ldl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return str(out / "harness"), libs[0], libs[1]
+
+
+def _launch(fake_driver, spec, args, zeroed, *, driver=1, fail=None, kernels=None, tmp=None):
+    """Run the launcher twice on ``spec`` with fake pointers; the driver's call log lines."""
+    harness = fake_driver[0]
+    module = tmp / "module.ptx"
+    module.write_text(spec.module)
+    tokens = [f"k:{k}:{':'.join(map(str, g))}:{':'.join(map(str, b))}"
+              for k, g, b in zip(kernels or spec.kernels, spec.grid, spec.block)]
+    tokens += [f"a:{a}" for a in args] + [f"z:{p}:{n}" for p, n in zeroed]
+    tokens += [f"t:{n}" for n in spec.temp_bytes]
+    env = dict(os.environ, FAKE_CUDA_FAIL=fail or "")
+    proc = subprocess.run([harness, fake_driver[driver], str(module), spec.entry, *tokens],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def _layernorm_spec():
+    case = CASE["layernorm"]
+    f = tf_op.TcFunction(case.source, case.entry, backward=None, backend="cuda")
+    return case, f.cuda_spec(*case.inputs(np.random.default_rng(9)))
+
+
+def test_launcher_makes_the_right_driver_calls(fake_driver, tmp_path):
+    """On TF's stream (0x5000) in its context: the module loaded once, outputs and temporaries
+    zero-filled, every kernel launched in order with the mapping's grid/block and the pointers
+    of inputs, outputs, temporaries; the context popped after each run."""
+    case, spec = _layernorm_spec()
+    n_in, n_out = len(case.inputs(np.random.default_rng(9))), len(spec.output_shapes)
+    args = [1000 + i for i in range(n_in)] + [2000 + i for i in range(n_out)]
+    args += [3000 + i for i in range(len(spec.temp_bytes))]
+    sizes = [4 * int(np.prod(s)) for s in spec.output_shapes] + list(spec.temp_bytes)
+    zeroed = list(zip(args[n_in:], sizes))
+    log = _launch(fake_driver, spec, args, zeroed, tmp=tmp_path)
+    assert log[0] == "check: OK"
+    per_run = (["ctx_of 0x5000", "push 0xc0"]
+               + [f"memset {p} value=0 bytes={n} stream=0x5000" for p, n in zeroed]
+               + [f"launch {k} grid={','.join(map(str, g))} block={','.join(map(str, b))} "
+                  f"smem=0 stream=0x5000 extra=(nil) args={','.join(map(str, args))}"
+                  for k, g, b in zip(spec.kernels, spec.grid, spec.block)]
+               + ["pop"])
+    first = per_run[:2] + ["load_module"] + per_run[2:]
+    assert log[1:] == first + ["run 0: OK"] + per_run + ["run 1: OK"]
+    assert len(spec.kernels) >= 2 and spec.temp_bytes   # several launches, a temporary
+
+
+def test_launcher_reports_driver_errors(fake_driver, tmp_path):
+    _, spec = _layernorm_spec()
+    args, zeroed = [1, 2, 3, 4, 5, 6], []
+    log = _launch(fake_driver, spec, args, zeroed, fail="cuModuleLoadDataEx", tmp=tmp_path)
+    text = "\n".join(log)
+    assert "run 0: INTERNAL: TcCudaKernel tc_layernorm: cuModuleLoadData failed: " \
+           "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in text
+    assert "ptxas fatal: fake JIT log" in text            # the JIT's own log is in the message
+    assert log.count("push 0xc0") == log.count("pop") == 2
+    log = _launch(fake_driver, spec, args, zeroed, fail="cuLaunchKernel", tmp=tmp_path)
+    assert (f"run 0: INTERNAL: TcCudaKernel tc_layernorm: launching {spec.kernels[0]} failed: "
+            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701): fake driver") in log
+    assert log.count("push 0xc0") == log.count("pop") == 2
+    log = _launch(fake_driver, spec, args, zeroed, tmp=tmp_path,
+                  kernels=("tc_nope",) + spec.kernels[1:])
+    assert "unload_module" in log
+    assert any("cuModuleGetFunction(tc_nope) failed: CUDA_ERROR_NOT_FOUND" in ln for ln in log)
+    assert _launch(fake_driver, spec, args, zeroed, driver=2, tmp=tmp_path) == [
+        "driver: the CUDA driver lacks cuLaunchKernel (too old?)"]
+
+
+def test_launch_attributes_are_checked(fake_driver, tmp_path):
+    _, spec = _layernorm_spec()
+    wide = dataclasses_replace(spec, block=((32, 64, 1),) + spec.block[1:])
+    log = _launch(fake_driver, wide, [], [], tmp=tmp_path)
+    assert log == [f"check: INVALID_ARGUMENT: TcCudaKernel tc_layernorm: kernel {spec.kernels[0]} "
+                   "has 2048 threads per block (CUDA allows 1024)"]
+    empty = dataclasses_replace(spec, grid=((0, 1, 1),) + spec.grid[1:])
+    assert "has a bad grid or block size" in _launch(fake_driver, empty, [], [], tmp=tmp_path)[0]
 
 
 def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
