@@ -20,7 +20,7 @@ from tests.tc_ops.corpus import CASES
 from tfx_vec.tc_ops import tf_op
 from tfx_vec.tc_ops.api import define
 from tfx_vec.tc_ops.backends.cuda import nvcc_path
-from tfx_vec.tc_ops.errors import TcBackendError
+from tfx_vec.tc_ops.errors import TcBackendError, TcCompileError
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 CASE = {c.name: c for c in CASES}
@@ -360,3 +360,19 @@ def test_bad_backend_and_missing_toolkit_errors(monkeypatch):
     monkeypatch.setattr(tf_op, "cuda_include_dir", lambda: None)
     with pytest.raises(tf_op.OpLibraryError, match="needs cuda.h"):
         tf_op.load_cuda_op_library()
+
+
+def test_ptx_is_cached_and_nvcc_errors_are_compile_errors(monkeypatch, tmp_path):
+    _require_cuda_toolkit()
+    monkeypatch.setenv("TFX_VEC_CACHE_DIR", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 2.0f; }'
+    ptx = tf_op.cuda_ptx(src)
+    assert ".entry k(" in ptx and ".target sm_75" in ptx
+
+    def no_nvcc(*a, **k):
+        raise AssertionError("nvcc ran on a cache hit")
+    monkeypatch.setattr(tf_op.subprocess, "run", no_nvcc)
+    assert tf_op.cuda_ptx(src) == ptx
+    monkeypatch.undo()
+    with pytest.raises(TcCompileError, match="nvcc --ptx -arch=compute_75 failed"):
+        tf_op.cuda_ptx('extern "C" __global__ void k(float* a) { a[0] = undefined_name; }')

@@ -37,6 +37,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -194,6 +195,12 @@ def cuda_op_library_path() -> str:
     return _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE, _cuda_op_flags(inc))[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    return f"{os.path.realpath(nvcc)}\n{proc.stdout}"
+
+
 def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
     """PTX of a CUDA source (``nvcc --ptx -arch=<arch>``), cached on disk by source and arch.
 
@@ -211,7 +218,10 @@ def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
     if nvcc is None:
         raise TcBackendError("backend 'cuda': making PTX for the TcCudaKernel op needs nvcc, "
                              "which is not on PATH")
-    key = hashlib.sha256("\0".join([source, arch, "ptx1"]).encode()).hexdigest()[:32]
+    # The nvcc version is in the key: PTX from another toolkit has another PTX ISA version,
+    # which decides the oldest driver that can load it.
+    key = hashlib.sha256("\0".join([source, arch, _nvcc_version(nvcc), "ptx1"]).encode()
+                         ).hexdigest()[:32]
     path = os.path.join(cache_root(), "ptx", f"{key}.ptx")
     if os.path.exists(path):
         with open(path) as f:
