@@ -91,7 +91,7 @@ def _op_library_path(name: str, source: str, extra_flags: Sequence[str] = ()
 def _build_and_load(out: str, cmd: list[str], what: str, keep_log: bool = False):
     """``tf.load_op_library`` of ``out``, first building it with ``cmd`` when missing (with
     ``keep_log``, the compiler's messages go to ``out + ".log"``)."""
-    if not os.path.exists(out):
+    if not os.path.exists(out) or (keep_log and not os.path.exists(out + ".log")):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
         os.close(fd)
