@@ -111,6 +111,26 @@ def test_list_through_an_inner_loop_of_fixed_trip_count():
     check_pfor(f, N, modes=FAST)
 
 
+def test_loop_invariant_pushes_share_elements_until_a_per_iteration_push():
+    """Only loop-invariant values pushed: the rows share the elements (nothing tiled), and
+    their reads are per row; a later per-iteration push gives each row its own elements."""
+    table = SEQS[0]
+
+    def f(i):
+        length = tf.gather(LENS_POS, i)
+        acc = list_ops.empty_tensor_list(tf.constant([D]), tf.float32)
+        _, acc = tf.while_loop(lambda t, l: t < length, lambda t, l: (
+            t + 1, list_ops.tensor_list_push_back(l, tf.gather(table, t))), (0, acc))
+        shared_last = list_ops.tensor_list_get_item(acc, length - 1, tf.float32)
+        prefix = list_ops.tensor_list_gather(acc, [0], tf.float32)     # the same in every row
+        _, acc = tf.while_loop(lambda k, l: k < 2, lambda k, l: (
+            k + 1, list_ops.tensor_list_push_back(l, tf.gather(SEQS[1], i) * 3.0)), (0, acc))
+        n = list_ops.tensor_list_length(acc)
+        return (shared_last, prefix, n, list_ops.tensor_list_get_item(acc, n - 1, tf.float32),
+                list_ops.tensor_list_get_item(acc, length - 1, tf.float32))
+    check_pfor(f, N, modes=FAST)
+
+
 def test_tensor_array_of_loop_variant_size():
     def f(i):
         length = tf.gather(LENS_POS, i)

@@ -36,8 +36,9 @@ from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
 from tfx_vec.pfor.converters._helpers import create_op_like
-from tfx_vec.pfor.converters.lists import (RowCountedList, counted_parts, handle_dtype,
-                                           restore_shapes, slice_counted, stack_like)
+from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, count_kind,
+                                           counted_parts, handle_dtype, restore_shapes,
+                                           slice_counted, stack_like)
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -84,13 +85,14 @@ def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]
     return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
 
 
-def _placeholder_like(w: WrappedTensor, stacked: bool, counted: bool = False) -> WrappedTensor:
+def _placeholder_like(w: WrappedTensor, stacked: bool, kind: int = 0) -> WrappedTensor:
     """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle;
-    ``counted``: a list with per-row element counts)."""
-    if counted:
+    ``kind``: a list with per-row element counts, see ``lists.count_kind``)."""
+    if kind:
         ints = lambda: tf.compat.v1.placeholder(tf.int32, [None])
         rows = ints() if isinstance(w, RowCountedList) and w.rows is not None else None
-        return RowCountedList(tf.compat.v1.placeholder(tf.variant, []), ints(), ints(), rows)
+        return RowCountedList(tf.compat.v1.placeholder(tf.variant, []), ints(), ints(), rows,
+                              shared=kind == SHARED)
     shape = w.t.shape
     if stacked and not w.is_stacked and w.t.dtype != tf.variant:
         shape = tf.TensorShape([None]).concatenate(shape)
@@ -110,12 +112,12 @@ def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
 
 def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
                   flags: Sequence[bool] | None = None,
-                  counted: Sequence[bool] | None = None) -> tuple[list[bool], list[bool]]:
-    """:func:`dry_run`, also saying which outputs are lists with per-row element counts
-    (``counted``: which inputs are such lists; default: those given as such)."""
+                  counted: Sequence[int] | None = None) -> tuple[list[bool], list[int]]:
+    """:func:`dry_run`, also giving the ``lists.count_kind`` of each output (``counted``:
+    that of each input; default: as given)."""
     flags = [w.is_stacked for w in inputs] if flags is None else flags
     if counted is None:
-        counted = [isinstance(w, RowCountedList) for w in inputs]
+        counted = [count_kind(w) for w in inputs]
     from tfx_vec.pfor import vectorizer as vmod
     saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
     saved_list = list(getattr(x.vectorizer, "fallbacks", []))
@@ -125,8 +127,7 @@ def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
             n = tf.compat.v1.placeholder(tf.int32, [])
             outs = _convert(x, graph, [_placeholder_like(w, f, c)
                                        for w, f, c in zip(inputs, flags, counted)], n)
-            return ([w.is_stacked for w in outs],
-                    [isinstance(w, RowCountedList) for w in outs])
+            return [w.is_stacked for w in outs], [count_kind(w) for w in outs]
     finally:
         if hasattr(vmod, "_FALLBACKS"):
             vmod._FALLBACKS.clear()
@@ -316,7 +317,8 @@ class _While:
         self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
         self.parallel_iterations = x.attr("parallel_iterations") or 10
         self.carried: list[bool] = []
-        self.counted = [isinstance(w, RowCountedList) for w in x.inputs]
+        #: ``lists.count_kind`` of each variable in the new loop (0: not a counted list).
+        self.counted = [count_kind(w) for w in x.inputs]
         self.is_list = [t.dtype == tf.variant for t in x.op.inputs]
 
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
@@ -326,7 +328,7 @@ class _While:
             stacked, counted = dry_run_kinds(self.x, self.body, self.x.inputs, flags,
                                              self.counted)
             new = [f or o for f, o in zip(flags, stacked)]
-            new_counted = [c or o for c, o in zip(self.counted, counted)]
+            new_counted = [max(c, o) for c, o in zip(self.counted, counted)]
             if new == flags and new_counted == self.counted:
                 return flags
             flags, self.counted = new, new_counted
@@ -347,7 +349,7 @@ class _While:
             if not self.carried[i]:
                 continue
             if self.counted[i]:
-                flat.extend(counted_parts(w, self.n, o)[:3])
+                flat.extend(counted_parts(w, self.n, o, self.counted[i])[:3])
             else:
                 flat.append(_stack(w, self.n, o) if f else w.t)
         return flat
@@ -375,7 +377,8 @@ class _While:
                 out.append(self.x.inputs[i])
             elif self.counted[i]:
                 buf, starts, ends = next(it), next(it), next(it)
-                out.append(RowCountedList(buf, starts, ends, self._list_rows(i, rows)))
+                out.append(RowCountedList(buf, starts, ends, self._list_rows(i, rows),
+                                          shared=self.counted[i] == SHARED))
             else:
                 out.append(WrappedTensor(next(it), f))
         return out
@@ -392,9 +395,9 @@ class _While:
                 continue
             expected = ins[i].rows
             if isinstance(w, RowCountedList) and w.rows is expected:
-                flat.extend([w.t, w.starts, w.ends])
+                flat.extend(counted_parts(w, n, self.x.op.outputs[i], self.counted[i])[:3])
             elif not isinstance(w, RowCountedList) and expected is None:
-                flat.extend(counted_parts(w, n)[:3])
+                flat.extend(counted_parts(w, n, None, self.counted[i])[:3])
             else:
                 raise self.x.error(
                     f"loop variable {i} (a TensorList) is replaced in the body by a list not "
@@ -420,8 +423,10 @@ class _While:
         if any(lists):
             if in_xla_context(x):
                 return self.per_iteration()  # per-row list counts need data-dependent shapes
-            # Iterations finish at different steps: their lists get per-row counts.
-            self.counted = [c or l for c, l in zip(self.counted, lists)]
+            # Iterations finish at different steps: their lists get per-row counts (shared
+            # elements while only loop-invariant values are pushed).
+            self.counted = [c or ((PER_ROW if f else SHARED) if l else 0)
+                            for c, l, f in zip(self.counted, lists, flags)]
             flags = self._set_flags(self.stacked_flags([f or l for f, l in zip(flags, lists)]))
             return self.partitioned(flags)
         if in_xla_context(x):
@@ -567,7 +572,8 @@ class _While:
         for i in range(self.k):
             if self.carried[i] and self.counted[i]:
                 buf, starts, ends = next(lists), next(lists), next(lists)
-                outs.append(RowCountedList(buf, starts, ends, self._list_rows(i, None)))
+                outs.append(RowCountedList(buf, starts, ends, self._list_rows(i, None),
+                                           shared=self.counted[i] == SHARED))
                 continue
             j = tensor_idx.index(i) if i in tensor_idx else None
             if j is not None and j in final:

@@ -69,6 +69,12 @@ def _stacked_element_shape(shape: tf.Tensor, n: tf.Tensor):
     return tf.concat([tf.reshape(tf.cast(n, tf.int32), [1]), tf.constant(dims, tf.int32)], 0)
 
 
+def _static_element_shape(shape: tf.Tensor):
+    """A per-iteration element shape as a list (None dims unknown), or None: no tensor, which
+    captured into a ``tf.cond`` branch would lose its static value."""
+    return _static_shape(shape)
+
+
 def _list_element_shape(handle: tf.Tensor):
     """Per-iteration element shape from a list's handle data (None when unknown)."""
     try:
@@ -188,6 +194,11 @@ class RowCountedList(WrappedTensor):
     loop-variant trip count, which runs its body on those rows only while the list keeps all
     ``N`` rows.  Ops touch only the owned rows; the values they produce have ``m`` rows.
 
+    ``shared``: only loop-invariant values were pushed (e.g. a weight read that a gradient
+    accumulates every step), so the elements are per-iteration values (not ``[N, ...]``),
+    shared by all rows, and row ``r``'s list is elements ``0 .. ends[r] - 1``: the rows of a
+    loop push in lockstep, only their counts differ.  Nothing is tiled.
+
     Example:
         >>> import tensorflow as tf
         >>> from tensorflow.python.ops import list_ops
@@ -198,27 +209,56 @@ class RowCountedList(WrappedTensor):
     """
 
     def __new__(cls, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
-                rows: tf.Tensor | None = None):
+                rows: tf.Tensor | None = None, shared: bool = False):
         self = super().__new__(cls, t, True)
-        self.starts, self.ends, self.rows = starts, ends, rows
+        self.starts, self.ends, self.rows, self.shared = starts, ends, rows, shared
         return self
 
     def _replace(self, **kw):  # keep the counts when a handle is re-emitted (Identity)
-        return RowCountedList(kw.get("t", self.t), self.starts, self.ends, self.rows)
+        return self.like(kw.get("t", self.t), self.starts, self.ends)
 
-    def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor) -> "RowCountedList":
+    def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
+             shared: bool | None = None) -> "RowCountedList":
         """Same owned rows, new buffer and counts."""
-        return RowCountedList(t, starts, ends, self.rows)
+        return RowCountedList(t, starts, ends, self.rows,
+                              self.shared if shared is None else shared)
 
 
-def counted_parts(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None):
-    """``(buffer, starts, ends, rows)`` of a list value: a uniform (or invariant) list has
-    every row at ``[0, length)``."""
+#: :func:`count_kind` values: a list without per-row counts, a shared one, a per-row one.
+UNCOUNTED, SHARED, PER_ROW = 0, 1, 2
+
+
+def count_kind(w: WrappedTensor) -> int:
+    if not isinstance(w, RowCountedList):
+        return UNCOUNTED
+    return SHARED if w.shared else PER_ROW
+
+
+def counted_parts(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None,
+                  kind: int = PER_ROW):
+    """``(buffer, starts, ends, rows)`` of a list value in the layout ``kind``: a uniform (or
+    invariant) list has every row at ``[0, length)``; a shared list becomes per-row by
+    tiling its elements (``kind=SHARED`` needs an invariant or shared list)."""
     if isinstance(w, RowCountedList):
+        if kind == PER_ROW and w.shared:
+            w = _unshare(w, handle_dtype(original) if original is not None else None)
         return w.t, w.starts, w.ends, w.rows
-    t = stack_like(w, n, original)
+    t = w.t if kind == SHARED else stack_like(w, n, original)
     n = tf.cast(n, tf.int32)
     return t, tf.zeros([n], tf.int32), tf.fill([n], list_ops.tensor_list_length(t)), None
+
+
+def _unshare(w: RowCountedList, dtype: tf.DType | None, item_shape=None) -> RowCountedList:
+    """A shared list in the per-row layout: every element tiled to ``[N, ...]``
+    (``item_shape``: the per-iteration element shape, needed when the list is empty)."""
+    if dtype is None:
+        dtype = handle_dtype(w.t)
+    n_rows = _n_rows(w)
+    dense = list_ops.tensor_list_stack(w.t, dtype, element_shape=item_shape)   # [B, *S]
+    rep = tf.concat([[1], tf.reshape(n_rows, [1]), tf.ones([tf.rank(dense) - 1], tf.int32)], 0)
+    tiled = tf.tile(tf.expand_dims(dense, 1), rep)
+    return RowCountedList(list_ops.tensor_list_from_tensor(tiled, tf.constant(-1, tf.int32)),
+                          w.starts, w.ends, w.rows, shared=False)
 
 
 def _owned(v: tf.Tensor, rows: tf.Tensor | None) -> tf.Tensor:
@@ -230,8 +270,11 @@ def _to_buffer_rows(values: tf.Tensor, rows: tf.Tensor | None, n_rows: tf.Tensor
     """``[m, ...]`` values of the owned rows -> ``[N, ...]`` (zeros elsewhere: junk rows)."""
     if rows is None:
         return values
-    shape = tf.concat([tf.reshape(n_rows, [1]), tf.shape(values)[1:]], 0)
-    return tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
+    # A gather from the values plus one zero row (CPU ScatterNd is several times slower).
+    m = tf.shape(values)[0]
+    source = tf.tensor_scatter_nd_update(tf.fill(tf.reshape(n_rows, [1]), m),
+                                         tf.expand_dims(rows, 1), tf.range(m))
+    return tf.gather(tf.concat([values, tf.zeros_like(values[:1])], 0), source)
 
 
 def _add_owned(v: tf.Tensor, rows: tf.Tensor | None, delta: tf.Tensor) -> tf.Tensor:
@@ -435,10 +478,65 @@ def _counted_stack(x: ConversionInput, w: RowCountedList, shape, indices=None) -
     return tf.cond(agree, in_step, per_row)
 
 
+def _shared_push(x: ConversionInput, w: RowCountedList, item: tf.Tensor) -> RowCountedList:
+    """An invariant item pushed by rows that all end at the buffer's end."""
+    owned = _owned(w.ends, w.rows)
+    checks = _check(x, tf.reduce_all(tf.equal(owned, list_ops.tensor_list_length(w.t))),
+                    "iterations push a loop-invariant value onto a list after popping "
+                    "different numbers of elements; per-iteration element counts:", owned)
+    with tf.control_dependencies(checks):
+        buf = list_ops.tensor_list_push_back(w.t, item)
+    return w.like(buf, w.starts, _add_owned(w.ends, w.rows, 1))
+
+
+def _shared_read(x: ConversionInput, w: RowCountedList, index: tf.Tensor, shape) -> tf.Tensor:
+    """Row ``k`` of the owned rows reads its element ``index[k]`` of a shared list."""
+    lens = _owned(w.ends - w.starts, w.rows)
+    index = tf.broadcast_to(tf.cast(index, tf.int32), tf.shape(lens))
+    checks = _check(x, tf.reduce_all((index >= 0) & (index < lens)), "index out of range in "
+                    "some iteration; per-iteration indices and element counts:", index, lens)
+    with tf.control_dependencies(checks):
+        return list_ops.tensor_list_gather(w.t, index, _dtype(x), element_shape=shape)
+
+
+def _shared_pop(x: ConversionInput, w: RowCountedList, shape):
+    lens = _owned(w.ends - w.starts, w.rows)
+    checks = _check(x, tf.reduce_all(lens > 0), "pop from an empty list in some iteration; "
+                    "per-iteration element counts:", lens)
+    with tf.control_dependencies(checks):
+        item = _shared_read(x, w, lens - 1, shape)
+    return w.like(w.t, w.starts, _add_owned(w.ends, w.rows, -1)), item
+
+
+def _shared_elements(x: ConversionInput, w: RowCountedList, indices: tf.Tensor | None, shape):
+    """TensorListStack (``indices`` None) / TensorListGather of a shared list: loop-invariant
+    when every row reads the same elements."""
+    lens = _owned(w.ends - w.starts, w.rows)
+    if indices is None:
+        same, k = _agree(lens)
+        checks = _check(x, same, "per-iteration lists have different lengths, so their "
+                        "stacked results differ across iterations (a ragged result cannot be "
+                        "stacked); per-iteration lengths:", lens)
+        with tf.control_dependencies(checks):
+            indices = tf.range(k)
+    indices = tf.cast(indices, tf.int32)
+    wide = indices if indices.shape.rank == 2 else indices[None, :]
+    checks = _check(x, tf.reduce_all((wide >= 0) & (wide < lens[:, None])),
+                    "index out of range in some iteration; per-iteration element counts:", lens)
+    with tf.control_dependencies(checks):
+        if indices.shape.rank == 2:   # per-iteration indices: [m, k, *S]
+            dense = list_ops.tensor_list_stack(w.t, _dtype(x), element_shape=shape)
+            return _out(tf.gather(dense, indices))
+        return _out(list_ops.tensor_list_gather(w.t, indices, _dtype(x), element_shape=shape),
+                    False)
+
+
 def slice_counted(w: RowCountedList, j: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """Iteration ``j``'s own list (for ops run once per iteration)."""
     r = j if w.rows is None else tf.gather(w.rows, j)
-    dense = tf.gather(list_ops.tensor_list_stack(w.t, dtype), r, axis=1)   # [B, *S]
+    dense = list_ops.tensor_list_stack(w.t, dtype)
+    if not w.shared:
+        dense = tf.gather(dense, r, axis=1)   # [B, *S]
     own = dense[tf.gather(w.starts, r):tf.gather(w.ends, r)]
     return list_ops.tensor_list_from_tensor(own, tf.constant(-1, tf.int32))
 
@@ -455,6 +553,8 @@ def _from_tensor(x: ConversionInput):
 @list_converter("TensorListStack", counted=True)
 def _stack(x: ConversionInput):
     w = x.inputs[0]
+    if isinstance(w, RowCountedList) and w.shared:
+        return [_shared_elements(x, w, None, _static_element_shape(x.unstacked_input(1)))]
     if isinstance(w, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(1), _n_rows(w))
         return [_out(_counted_stack(x, w, shape))]
@@ -475,6 +575,9 @@ def _length(x: ConversionInput):
 
 @list_converter("TensorListElementShape", counted=True)
 def _element_shape(x: ConversionInput):
+    if isinstance(x.inputs[0], RowCountedList) and x.inputs[0].shared:  # per-iteration elements
+        return [_out(list_ops.tensor_list_element_shape(x.inputs[0].t, x.attr("shape_type")),
+                     False)]
     shape = list_ops.tensor_list_element_shape(x.inputs[0].t, x.attr("shape_type"))
     return [_out(tf.cond(tf.rank(shape) > 0, lambda: shape[1:], lambda: shape), False)]
 
@@ -483,6 +586,9 @@ def _element_shape(x: ConversionInput):
 def _get_item(x: ConversionInput):
     handle, index = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
+    if isinstance(handle, RowCountedList) and handle.shared:
+        shape = _static_element_shape(x.unstacked_input(2))
+        return [_out(_shared_read(x, handle, index.t, shape))]
     if isinstance(handle, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(2), _n_rows(handle))
         return [_out(_read_positions(x, handle, index.t, shape))]
@@ -500,6 +606,9 @@ def _get_item(x: ConversionInput):
 def _gather(x: ConversionInput):
     handle, indices = x.inputs[0], x.inputs[1]
     dtype = _dtype(x)
+    if isinstance(handle, RowCountedList) and handle.shared:
+        return [_shared_elements(x, handle, indices.t,
+                                 _static_element_shape(x.unstacked_input(2)))]
     if isinstance(handle, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(2), _n_rows(handle))
         return [_out(_counted_stack(x, handle, shape, indices.t))]
@@ -518,7 +627,10 @@ def _set_item(x: ConversionInput):
     resize = "resize_if_index_out_of_bounds" in attrs and attrs["resize_if_index_out_of_bounds"].b
     w = x.inputs[0]
     if isinstance(w, RowCountedList):
-        return [_counted_set(x, w, x.inputs[1].t, _item(x, 2), resize)]
+        item = _item(x, 2)
+        if w.shared:
+            w = _unshare(w, _dtype(x), tf.shape(item)[1:])
+        return [_counted_set(x, w, x.inputs[1].t, item, resize)]
     if x.is_stacked(1):
         return None  # writes at iteration-dependent positions: per-iteration fallback
     handle = _stacked_list(x, 0, item=2)
@@ -530,8 +642,13 @@ def _set_item(x: ConversionInput):
 @list_converter("TensorListPushBack", counted=True)
 def _push_back(x: ConversionInput):
     w = x.inputs[0]
+    if isinstance(w, RowCountedList) and w.shared and not x.is_stacked(1):
+        return [_shared_push(x, w, x.inputs[1].t)]
     if isinstance(w, RowCountedList):
-        return [_counted_push(x, w, _item(x, 1))]
+        item = _item(x, 1)
+        if w.shared:
+            w = _unshare(w, _dtype(x), tf.shape(item)[1:])
+        return [_counted_push(x, w, item)]
     handle = _stacked_list(x, 0, item=1)
     return [_out(list_ops.tensor_list_push_back(handle, _item(x, 1)))]
 
@@ -539,6 +656,9 @@ def _push_back(x: ConversionInput):
 @list_converter("TensorListPopBack", counted=True)
 def _pop_back(x: ConversionInput):
     w = x.inputs[0]
+    if isinstance(w, RowCountedList) and w.shared:
+        out, item = _shared_pop(x, w, _static_element_shape(x.unstacked_input(1)))
+        return [out, _out(item)]
     if isinstance(w, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(1), _n_rows(w))
         out, item = _counted_pop(x, w, shape)
