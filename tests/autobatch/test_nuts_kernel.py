@@ -33,13 +33,14 @@ def _per_chain_steps():
     return [tf.constant(base), tf.constant(0.8 * base)]
 
 
-def _run_steps(runtime, num_steps=2, **kw):
+def _run_steps(runtime, num_steps=2, step_size=None, **kw):
     """``num_steps`` kernel steps with fixed seeds; ``runtime="xla[:scheduler]"``: the program
     counter under ``tf.function(jit_compile=True)`` (compiled once, called once per step)."""
     xla = runtime.startswith("xla")
     if ":" in runtime:
         kw["scheduler"] = runtime.split(":")[1]
-    kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5,
+    step_size = _per_chain_steps() if step_size is None else step_size
+    kernel = NoUTurnSampler(_two_part_log_prob, step_size=step_size, max_tree_depth=5,
                             runtime="program_counter" if xla else runtime, **kw)
     step = tf.function(kernel.one_step, jit_compile=True) if xla else kernel.one_step
     state = _two_part_state()
@@ -73,6 +74,14 @@ def test_runtime_matches_per_chain_reference(reference, runtime):
     counter under XLA (two schedulers), local static, and local static with XLA blocks."""
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
+
+
+def test_one_step_size_per_chain_matches_reference():
+    """One step size for all coordinates of a chain travels as [chains, 1] (not [chains, D])
+    through the program; the batched program still matches the per-chain reference."""
+    step = tf.constant(np.linspace(0.2, 0.5, CHAINS).astype(np.float32)[:, None])
+    want = _run_steps("python", step_size=step, num_trajectories_per_step=2)
+    _assert_same(_run_steps("local_static", step_size=step, num_trajectories_per_step=2), want)
 
 
 def test_kernel_results_are_consistent(reference):

@@ -303,18 +303,16 @@ def _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub):
     return leaves + leaves_sub, metro + metro_sub, div | div_sub
 
 
-def _finish_trajectory(unrolled: int, go, t, leapfrogs, state, stats, q_s, l_s, g_s, leaves,
-                       metro, accepted, reach_max, div):
-    """Chains whose trajectory stopped (``go`` false) count it, take its sample as their new
-    ``state = (q, logp, g)`` and its statistics as their last ``stats = (log_accept,
-    accepted, reach_max, div)``; log_accept is Stan's (mean Metropolis probability over
-    leaves, as a log)."""
+def _finish_trajectory(unrolled: int, go, t, leapfrogs, stats, leaves, metro, accepted,
+                       reach_max, div):
+    """Chains whose trajectory stopped (``go`` false) count it and keep its statistics as their
+    last ``stats = (log_accept, accepted, reach_max, div)``; log_accept is Stan's (mean
+    Metropolis probability over leaves, as a log)."""
     done = ~go
     log_accept = tf.math.log(metro / tf.cast(leaves, metro.dtype))
-    new = (q_s, l_s, g_s, log_accept, accepted, reach_max, div)
-    q, logp, g, *stats = (_where(done, a, b) for a, b in zip(new, (*state, *stats)))
-    return (t + tf.cast(done, t.dtype), leapfrogs + tf.where(done, leaves * unrolled, 0), q, logp,
-            g, *stats)
+    new = (log_accept, accepted, reach_max, div)
+    return (t + tf.cast(done, t.dtype), leapfrogs + tf.where(done, leaves * unrolled, 0),
+            *(tf.where(done, a, b) for a, b in zip(new, stats)))
 
 
 def _start_steps(q):
@@ -385,14 +383,15 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
              reach_max_t, go) = extend(seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s,
                                        g_s, l_s, rho, lsw, depth, accepted_t, q_e, p_e, g_e,
                                        l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, valid)
-            (t, leapfrogs, q, logp, g, log_accept, accepted, reach_max, div) = finish(
-                go, t, leapfrogs, (q, logp, g), (log_accept, accepted, reach_max, div), q_s,
-                l_s, g_s, leaves, metro, accepted_t, reach_max_t, div_t)
+            (t, leapfrogs, log_accept, accepted, reach_max, div) = finish(
+                go, t, leapfrogs, (log_accept, accepted, reach_max, div), leaves, metro,
+                accepted_t, reach_max_t, div_t)
+            # The sample is the chain's state: a stopped trajectory's sample starts the next.
             (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
              leaves, metro, accepted_t, reach_max_t, div_t) = _restart(
-                go, q, logp, g, seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s,
-                rho, lsw, depth, leaves, metro, accepted_t, reach_max_t, div_t)
-        return q, logp, g, log_accept, accepted, leapfrogs, reach_max, div
+                go, q_s, l_s, g_s, seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s,
+                l_s, rho, lsw, depth, leaves, metro, accepted_t, reach_max_t, div_t)
+        return q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div
 
     return run_trajectories
 
@@ -541,6 +540,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     @staticmethod
     def _flat_step_size(spec: _StateSpec, parts: list[tf.Tensor], step_size: Any) -> tf.Tensor:
+        """Step sizes ``[chains, D]``, or ``[chains, 1]`` when one step size per chain serves
+        every coordinate (a narrower value the program carries and stacks at every level)."""
         steps = list(step_size) if tf.nest.is_nested(step_size) else [step_size]
         if len(steps) == 1:
             steps = steps * len(parts)
@@ -556,6 +557,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 raise ValueError(f"NoUTurnSampler: step size of shape {s.shape} does not "
                                  f"broadcast to the state part of shape {p.shape} (use "
                                  "[chains, 1, ...] for a step size per chain)") from e
+        shape = tf.convert_to_tensor(steps[0], spec.dtype).shape
+        if all(s is steps[0] for s in steps) and all(
+                _ones_over_events(shape, p.shape.rank - 1) for p in parts):
+            return tf.reshape(full[0], [tf.shape(parts[0])[0], -1])[:, :1]
         return spec.flatten(full)
 
     def _program(self, spec: _StateSpec, batched: bool) -> Callable:
@@ -585,6 +590,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         if self.runtime == "hybrid":
             return tuple(program(*args, runtime="local_static", xla_blocks=True))
         return tuple(program(*args, runtime=self.runtime, scheduler=self.scheduler))
+
+
+def _ones_over_events(shape: tf.TensorShape, events: int) -> bool:
+    """Does a value of ``shape``, broadcast against ``[chains, *event]`` (``events`` event
+    dimensions), hold one value per chain (every dimension aligned with the event is 1)?"""
+    if shape.rank is None:
+        return False
+    tail = shape.as_list()[max(0, shape.rank - events):] if events else []
+    return all(d == 1 for d in tail)
 
 
 def _identity(fn: Callable) -> Callable:
