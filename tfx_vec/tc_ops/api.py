@@ -37,6 +37,9 @@ from .options import MappingOptions
 
 __all__ = ["define", "Module", "Entry", "generate_source", "compile_def"]
 
+#: Backends with a TF op (``tf_op.TcFunction``): what an entry becomes inside ``tf.function``.
+_TF_OP_BACKENDS = ("cpu", "cuda")
+
 
 def define(source: str, backend: str = "cpu", options: MappingOptions | None = None,
            cache: Any = None) -> "Module":
@@ -44,7 +47,9 @@ def define(source: str, backend: str = "cpu", options: MappingOptions | None = N
 
     Args:
         source: TC text with one or more ``def``.
-        backend: a registered backend name ("cpu"; "cuda"/"opencl" when registered).
+        backend: a registered backend name ("cpu"; "cuda"/"opencl" when registered).  Inside
+            ``tf.function`` a "cpu" entry is the ``TcKernel`` op and a "cuda" entry the
+            ``TcCudaKernel`` op (GPU only); "opencl" entries run eagerly only.
         options: default MappingOptions of every entry (None: ``MappingOptions.default_for``).
         cache: an autotuning cache (path or ``CompilationCache``): a call without ``options=``
             first looks up tuned options for its input shapes there.
@@ -245,8 +250,10 @@ class Entry:
     def __call__(self, *inputs: Any, options: MappingOptions | None = None):
         """Run on tf.Tensor/NumPy inputs; one ``tf.Tensor`` per output (a tuple if several).
 
-        Inside ``tf.function`` (symbolic inputs) the cpu backend's call becomes the ``TcKernel``
-        TF op of ``tf_op.py`` (same generated C, with a gradient), so entries compose with graphs.
+        Inside ``tf.function`` (symbolic inputs) the call becomes a TF op of ``tf_op.py`` with a
+        gradient, so entries compose with graphs: ``TcKernel`` (the generated C) for the cpu
+        backend, ``TcCudaKernel`` (the generated CUDA as PTX, launched on TF's GPU stream) for
+        the cuda backend.  Other backends have no TF op and raise ``TcBackendError`` there.
         """
         import tensorflow as tf
         if not tf.executing_eagerly() or any(
@@ -257,15 +264,24 @@ class Entry:
         return res[0] if len(res) == 1 else res
 
     def _graph_call(self, inputs: Sequence[Any], options: MappingOptions | None):
-        if self.backend != "cpu":
-            raise TcBackendError(f"{self.name}: backend {self.backend!r} cannot run inside "
-                                 "tf.function; use backend='cpu' (a TF op) or call eagerly")
+        if self.backend not in _TF_OP_BACKENDS:
+            raise TcBackendError(
+                f"{self.name}: backend {self.backend!r} has no TF op, so it cannot run inside "
+                f"tf.function; call the entry eagerly, or define it with backend='cpu' "
+                f"(the TcKernel op) or backend='cuda' (the TcCudaKernel op, on a GPU)")
+        if options is not None and not isinstance(options, MappingOptions):
+            raise TcOptionsError(f"{self.name}: options must be a tc.MappingOptions, "
+                                 f"got {type(options).__name__}")
         from .tf_op import tc_function
         options = options or self.options
-        key = ("graph", options)
+        key = ("graph", self.backend, options)   # one TF op function per backend and mapping
         fn = self._compiled.get(key)
         if fn is None:
-            fn = self._compiled[key] = tc_function(self.cdef.source, self.name, options=options)
+            with self._lock:
+                fn = self._compiled.get(key)
+                if fn is None:
+                    fn = self._compiled[key] = tc_function(self.cdef.source, self.name,
+                                                           options=options, backend=self.backend)
         return fn(*inputs)
 
     def source(self) -> str:

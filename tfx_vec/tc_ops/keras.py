@@ -3,9 +3,10 @@
 :class:`TcLayer` wraps any TC def: parameters named in ``weights`` become trainable weights, the
 others are the layer's inputs, in signature order.  A weight's shape lists ints or size names of
 the TC signature, bound from the inputs' shapes when the layer is built.  The forward pass is
-the ``TcKernel`` op (``tf_op.TcFunction``) and the backward pass a derived backward TC, so a
-model trains with ``fit()``.  Layers serialise with ``get_config`` and are registered for
-``keras.models.load_model``.
+a TF op (``tf_op.TcFunction``): ``TcKernel`` with ``backend="cpu"`` (the default), or
+``TcCudaKernel`` on a GPU with ``backend="cuda"``; the backward pass is a derived backward TC on
+the same backend, so a model trains with ``fit()``.  Layers serialise with ``get_config``
+(``backend`` included) and are registered for ``keras.models.load_model``.
 
 Ready layers: :class:`FusedMLP` (fcrelu chain, paper §7), :class:`GroupedConv` (the grouped
 convolution of appendix A.4.3) and :class:`EmbeddingBag` (the paper's LUT).
@@ -20,6 +21,7 @@ Example::
     model = keras.Sequential([keras.Input((8,), batch_size=16), FusedMLP([32, 4])])
     model.compile("adam", "mse")
     model.fit(np.random.rand(64, 8), np.random.rand(64, 4), batch_size=16, epochs=2)
+    gpu = FusedMLP([32, 4], backend="cuda")   # the same layer as TcCudaKernel ops (GPU only)
 """
 from __future__ import annotations
 
@@ -45,20 +47,23 @@ class TcLayer(keras.layers.Layer):
         rank >= 2, zeros for rank 1).
       output: which TC output the layer returns (index), or None for all of them.
       options: MappingOptions of the generated kernel (default: per the TC).
+      backend: "cpu" (the ``TcKernel`` op) or "cuda" (the ``TcCudaKernel`` op: the layer runs
+        on a GPU only, and raises ``TcBackendError`` where TensorFlow sees none).
     """
 
     def __init__(self, source: str, entry: str, weights: dict | None = None,
                  initializers: dict | None = None, output: int | None = 0,
-                 options: MappingOptions | dict | None = None, **kwargs: Any):
+                 options: MappingOptions | dict | None = None, backend: str = "cpu",
+                 **kwargs: Any):
         super().__init__(**kwargs)
         if isinstance(options, dict):
             options = MappingOptions.from_dict(options)
         self.source, self.entry, self.output_index = source, entry, output
         self.weight_shapes = {k: tuple(v) for k, v in (weights or {}).items()}
         self.initializer_specs = dict(initializers or {})
-        self.options = options
+        self.options, self.backend = options, backend
         weight_names = tuple(self.weight_shapes)
-        self.fn = TcFunction(source, entry, options=options)
+        self.fn = TcFunction(source, entry, options=options, backend=backend)
         params = self.fn.cdef.inputs
         unknown = set(weight_names) - {p.name for p in params}
         if unknown:
@@ -149,7 +154,8 @@ class TcLayer(keras.layers.Layer):
         config.update(source=self.source, entry=self.entry,
                       weights={k: list(v) for k, v in self.weight_shapes.items()},
                       initializers=self.initializer_specs, output=self.output_index,
-                      options=None if self.options is None else self.options.to_dict())
+                      options=None if self.options is None else self.options.to_dict(),
+                      backend=self.backend)
         return config
 
 
