@@ -36,9 +36,9 @@ from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
 from tfx_vec.pfor.converters._helpers import create_op_like
-from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, count_kind,
-                                           counted_parts, handle_dtype, restore_shapes,
-                                           slice_counted, stack_like)
+from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, aligned_entry,
+                                           counted_parts, handle_dtype, layout_of,
+                                           restore_shapes, slice_counted, stack_like)
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -85,14 +85,16 @@ def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]
     return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
 
 
-def _placeholder_like(w: WrappedTensor, stacked: bool, kind: int = 0) -> WrappedTensor:
+def _placeholder_like(w: WrappedTensor, stacked: bool, layout=(0, False, False)
+                      ) -> WrappedTensor:
     """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle;
-    ``kind``: a list with per-row element counts, see ``lists.count_kind``)."""
+    ``layout``: a list with per-row element counts, see ``lists.layout_of``)."""
+    kind, aligned, at_end = layout
     if kind:
         ints = lambda: tf.compat.v1.placeholder(tf.int32, [None])
         rows = ints() if isinstance(w, RowCountedList) and w.rows is not None else None
         return RowCountedList(tf.compat.v1.placeholder(tf.variant, []), ints(), ints(), rows,
-                              shared=kind == SHARED)
+                              shared=kind == SHARED, aligned=aligned, at_end=at_end)
     shape = w.t.shape
     if stacked and not w.is_stacked and w.t.dtype != tf.variant:
         shape = tf.TensorShape([None]).concatenate(shape)
@@ -112,12 +114,12 @@ def dry_run(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
 
 def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
                   flags: Sequence[bool] | None = None,
-                  counted: Sequence[int] | None = None) -> tuple[list[bool], list[int]]:
-    """:func:`dry_run`, also giving the ``lists.count_kind`` of each output (``counted``:
+                  layouts: Sequence | None = None) -> tuple[list[bool], list]:
+    """:func:`dry_run`, also giving the ``lists.layout_of`` of each output (``layouts``:
     that of each input; default: as given)."""
     flags = [w.is_stacked for w in inputs] if flags is None else flags
-    if counted is None:
-        counted = [count_kind(w) for w in inputs]
+    if layouts is None:
+        layouts = [layout_of(w) for w in inputs]
     from tfx_vec.pfor import vectorizer as vmod
     saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
     saved_list = list(getattr(x.vectorizer, "fallbacks", []))
@@ -126,8 +128,8 @@ def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
         with scratch.as_default():
             n = tf.compat.v1.placeholder(tf.int32, [])
             outs = _convert(x, graph, [_placeholder_like(w, f, c)
-                                       for w, f, c in zip(inputs, flags, counted)], n)
-            return [w.is_stacked for w in outs], [count_kind(w) for w in outs]
+                                       for w, f, c in zip(inputs, flags, layouts)], n)
+            return [w.is_stacked for w in outs], [layout_of(w) for w in outs]
     finally:
         if hasattr(vmod, "_FALLBACKS"):
             vmod._FALLBACKS.clear()
@@ -247,7 +249,7 @@ def _conditional(x: ConversionInput):
 def _invariant_conditional(x, index, graphs, args):
     kinds = [dry_run_kinds(x, g, args) for g in graphs]
     if (any(isinstance(w, RowCountedList) for w in args)
-            or any(any(counted) for _, counted in kinds)):
+            or any(any(kind for kind, _, _ in layouts) for _, layouts in kinds)):
         return run_per_iteration(x, {}, "lists whose iterations hold different numbers of "
                                         "elements cannot pass through a conditional")
     flags = [any(fs) for fs in zip(*(stacked for stacked, _ in kinds))]
@@ -298,6 +300,17 @@ def _convert_call(x: ConversionInput):
 
 # {{{ While
 
+def _merge_layout(loop: tuple, out: tuple) -> tuple:
+    """A loop variable's layout at each step's start, given the body's output layout: what
+    holds at entry and after the body (an uncounted output is a uniform list: aligned)."""
+    kind, aligned, at_end = loop
+    if out[0] == kind:
+        return kind, aligned and out[1], at_end and out[2]
+    if out[0] == SHARED:  # tiled each step: rows' ends differ
+        return kind, False, False
+    return loop
+
+
 class _While:
     """Vectorizes one While op (see the module docstring).
 
@@ -317,21 +330,35 @@ class _While:
         self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
         self.parallel_iterations = x.attr("parallel_iterations") or 10
         self.carried: list[bool] = []
-        #: ``lists.count_kind`` of each variable in the new loop (0: not a counted list).
-        self.counted = [count_kind(w) for w in x.inputs]
+        #: ``lists.layout_of`` of each variable in the new loop, at the start of every step
+        #: (kind 0: not a counted list).  A counted list enters with aligned rows.
+        self.layouts = [(k, True, True) if k == PER_ROW else (k, False, False)
+                        for k, _, _ in map(layout_of, x.inputs)]
         self.is_list = [t.dtype == tf.variant for t in x.op.inputs]
+
+    @property
+    def counted(self) -> list[int]:
+        return [kind for kind, _, _ in self.layouts]
+
+    def set_kinds(self, kinds: Sequence[int]) -> None:
+        """New layout kinds (a list newly counted, or newly per-row, enters aligned)."""
+        self.layouts = [l if k == l[0] else (k, k == PER_ROW, k == PER_ROW)
+                        for k, l in zip(kinds, self.layouts)]
 
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
         """Fixed point: a variable is stacked if its initial value or the body makes it so
-        (and a list has per-row counts if its initial value or the body gives it some)."""
+        (a list has per-row counts if its initial value or the body gives it some, and its
+        rows are aligned at each step's start if they are at entry and after the body)."""
         while True:
-            stacked, counted = dry_run_kinds(self.x, self.body, self.x.inputs, flags,
-                                             self.counted)
+            stacked, layouts = dry_run_kinds(self.x, self.body, self.x.inputs, flags,
+                                             self.layouts)
             new = [f or o for f, o in zip(flags, stacked)]
-            new_counted = [max(c, o) for c, o in zip(self.counted, counted)]
-            if new == flags and new_counted == self.counted:
+            old = self.layouts
+            self.set_kinds([max(a[0], b[0]) for a, b in zip(old, layouts)])
+            self.layouts = [_merge_layout(l, b) for l, b in zip(self.layouts, layouts)]
+            if new == flags and self.layouts == old:
                 return flags
-            flags, self.counted = new, new_counted
+            flags = new
 
     def _set_flags(self, flags: list[bool]) -> list[bool]:
         self.carried = [not (p and not f) for p, f in zip(self.pass_through, flags)]
@@ -348,7 +375,14 @@ class _While:
         for i, (w, f, o) in enumerate(zip(self.x.inputs, flags, self.x.op.inputs)):
             if not self.carried[i]:
                 continue
-            if self.counted[i]:
+            if self.counted[i] == PER_ROW:
+                if not isinstance(w, RowCountedList):   # uniform: every row at [0, length)
+                    w = RowCountedList(*counted_parts(w, self.n, o), at_end=True)
+                elif w.shared:
+                    w = RowCountedList(*counted_parts(w, self.n, o))
+                w = aligned_entry(w, handle_dtype(o))
+                flat.extend([w.t, w.starts, w.ends])
+            elif self.counted[i]:
                 flat.extend(counted_parts(w, self.n, o, self.counted[i])[:3])
             else:
                 flat.append(_stack(w, self.n, o) if f else w.t)
@@ -377,8 +411,10 @@ class _While:
                 out.append(self.x.inputs[i])
             elif self.counted[i]:
                 buf, starts, ends = next(it), next(it), next(it)
+                kind, aligned, at_end = self.layouts[i]
                 out.append(RowCountedList(buf, starts, ends, self._list_rows(i, rows),
-                                          shared=self.counted[i] == SHARED))
+                                          shared=kind == SHARED, aligned=aligned,
+                                          at_end=at_end))
             else:
                 out.append(WrappedTensor(next(it), f))
         return out
@@ -416,7 +452,7 @@ class _While:
     def convert(self):
         x = self.x
         flags = self._set_flags(self.stacked_flags([w.is_stacked for w in x.inputs]))
-        cond_stacked = dry_run_kinds(x, self.cond, x.inputs, flags, self.counted)[0][0]
+        cond_stacked = dry_run_kinds(x, self.cond, x.inputs, flags, self.layouts)[0][0]
         if not cond_stacked:
             return self.invariant_cond(flags)
         lists = [(f or not p) and v for f, p, v in zip(flags, self.pass_through, self.is_list)]
@@ -425,8 +461,8 @@ class _While:
                 return self.per_iteration()  # per-row list counts need data-dependent shapes
             # Iterations finish at different steps: their lists get per-row counts (shared
             # elements while only loop-invariant values are pushed).
-            self.counted = [c or ((PER_ROW if f else SHARED) if l else 0)
-                            for c, l, f in zip(self.counted, lists, flags)]
+            self.set_kinds([c or ((PER_ROW if f else SHARED) if l else 0)
+                            for c, l, f in zip(self.counted, lists, flags)])
             flags = self._set_flags(self.stacked_flags([f or l for f, l in zip(flags, lists)]))
             return self.partitioned(flags)
         if in_xla_context(x):

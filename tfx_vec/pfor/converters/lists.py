@@ -199,6 +199,10 @@ class RowCountedList(WrappedTensor):
     shared by all rows, and row ``r``'s list is elements ``0 .. ends[r] - 1``: the rows of a
     loop push in lockstep, only their counts differ.  Nothing is tiled.
 
+    What is known statically about the owned rows (so that no run-time test is emitted):
+    ``aligned``: their ends are equal (true after any push or pop: the rows of one loop step
+    push and pop together); ``at_end``: they all end at the buffer's end (true after a push).
+
     Example:
         >>> import tensorflow as tf
         >>> from tensorflow.python.ops import list_ops
@@ -209,19 +213,26 @@ class RowCountedList(WrappedTensor):
     """
 
     def __new__(cls, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
-                rows: tf.Tensor | None = None, shared: bool = False):
+                rows: tf.Tensor | None = None, shared: bool = False, aligned: bool = False,
+                at_end: bool = False):
         self = super().__new__(cls, t, True)
         self.starts, self.ends, self.rows, self.shared = starts, ends, rows, shared
+        self.aligned, self.at_end = aligned or at_end, at_end
         return self
 
     def _replace(self, **kw):  # keep the counts when a handle is re-emitted (Identity)
-        return self.like(kw.get("t", self.t), self.starts, self.ends)
+        return self.like(kw.get("t", self.t), self.starts, self.ends, aligned=self.aligned,
+                         at_end=self.at_end)
 
-    def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
-             shared: bool | None = None) -> "RowCountedList":
-        """Same owned rows, new buffer and counts."""
-        return RowCountedList(t, starts, ends, self.rows,
-                              self.shared if shared is None else shared)
+    def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor, *, aligned: bool = False,
+             at_end: bool = False) -> "RowCountedList":
+        """Same owned rows and layout kind, new buffer and counts."""
+        return RowCountedList(t, starts, ends, self.rows, self.shared, aligned, at_end)
+
+    @property
+    def layout(self) -> tuple[int, bool, bool]:
+        """``(count_kind, aligned, at_end)``."""
+        return count_kind(self), self.aligned, self.at_end
 
 
 #: :func:`count_kind` values: a list without per-row counts, a shared one, a per-row one.
@@ -232,6 +243,24 @@ def count_kind(w: WrappedTensor) -> int:
     if not isinstance(w, RowCountedList):
         return UNCOUNTED
     return SHARED if w.shared else PER_ROW
+
+
+def layout_of(w: WrappedTensor) -> tuple[int, bool, bool]:
+    """``(count_kind, aligned, at_end)`` of any value (``(0, False, False)`` if uncounted)."""
+    return w.layout if isinstance(w, RowCountedList) else (UNCOUNTED, False, False)
+
+
+def aligned_entry(w: RowCountedList, dtype: tf.DType) -> RowCountedList:
+    """``w`` with its rows' ends aligned at the buffer's end (a loop over a list whose rows
+    hold different counts -- a gradient loop over its forward loop's accumulators -- then
+    pops and pushes with no run-time layout test; the realignment is what its first pop
+    would do)."""
+    if w.shared or w.at_end:
+        return w
+    empty = tf.equal(list_ops.tensor_list_length(w.t), 0)
+    buf, starts, ends = tf.cond(empty, lambda: (w.t, w.starts, w.ends),
+                                lambda: _realign(w, dtype, None))
+    return w.like(buf, starts, ends, aligned=True, at_end=True)
 
 
 def counted_parts(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None,
@@ -258,7 +287,8 @@ def _unshare(w: RowCountedList, dtype: tf.DType | None, item_shape=None) -> RowC
     rep = tf.concat([[1], tf.reshape(n_rows, [1]), tf.ones([tf.rank(dense) - 1], tf.int32)], 0)
     tiled = tf.tile(tf.expand_dims(dense, 1), rep)
     return RowCountedList(list_ops.tensor_list_from_tensor(tiled, tf.constant(-1, tf.int32)),
-                          w.starts, w.ends, w.rows, shared=False)
+                          w.starts, w.ends, w.rows, shared=False, aligned=w.aligned,
+                          at_end=w.at_end)
 
 
 def _owned(v: tf.Tensor, rows: tf.Tensor | None) -> tf.Tensor:
@@ -270,11 +300,22 @@ def _to_buffer_rows(values: tf.Tensor, rows: tf.Tensor | None, n_rows: tf.Tensor
     """``[m, ...]`` values of the owned rows -> ``[N, ...]`` (zeros elsewhere: junk rows)."""
     if rows is None:
         return values
-    # A gather from the values plus one zero row (CPU ScatterNd is several times slower).
-    m = tf.shape(values)[0]
-    source = tf.tensor_scatter_nd_update(tf.fill(tf.reshape(n_rows, [1]), m),
-                                         tf.expand_dims(rows, 1), tf.range(m))
+    # A gather from the values plus one zero row (CPU ScatterNd is several times slower);
+    # the gather indices are made once per graph and owned rows (one per loop step).
+    graph = tf.compat.v1.get_default_graph()
+    key = (rows.ref(), n_rows.ref() if isinstance(n_rows, tf.Tensor) else n_rows)
+    source = _ROW_SOURCES.get(key)
+    if source is None or source.graph is not graph:
+        if len(_ROW_SOURCES) > 4096:
+            _ROW_SOURCES.clear()
+        m = tf.size(rows)
+        source = _ROW_SOURCES[key] = tf.tensor_scatter_nd_update(
+            tf.fill(tf.reshape(n_rows, [1]), m), tf.expand_dims(rows, 1), tf.range(m))
     return tf.gather(tf.concat([values, tf.zeros_like(values[:1])], 0), source)
+
+
+#: (owned rows, buffer rows) -> the gather indices of :func:`_to_buffer_rows`, per graph.
+_ROW_SOURCES: dict = {}
 
 
 def _add_owned(v: tf.Tensor, rows: tf.Tensor | None, delta: tf.Tensor) -> tf.Tensor:
@@ -338,14 +379,15 @@ def _counted_push(x: ConversionInput, w: RowCountedList, item: tf.Tensor) -> Row
     dtype, rows, n_rows = _dtype(x), w.rows, _n_rows(w)
     full = _to_buffer_rows(item, rows, n_rows)
     shape = _element_shape_of(item, rows, n_rows)
-    length = list_ops.tensor_list_length(w.t)
-    in_step = tf.reduce_all(tf.equal(_owned(w.ends, rows), length))
-
-    def realigned():
-        return _realign(w, dtype, shape)
-
-    buf, starts, ends = tf.cond(in_step, lambda: (w.t, w.starts, w.ends), realigned)
-    return w.like(list_ops.tensor_list_push_back(buf, full), starts, _add_owned(ends, rows, 1))
+    if w.at_end:
+        buf, starts, ends = w.t, w.starts, w.ends
+    else:
+        length = list_ops.tensor_list_length(w.t)
+        in_step = tf.reduce_all(tf.equal(_owned(w.ends, rows), length))
+        buf, starts, ends = tf.cond(in_step, lambda: (w.t, w.starts, w.ends),
+                                    lambda: _realign(w, dtype, shape))
+    return w.like(list_ops.tensor_list_push_back(buf, full), starts, _add_owned(ends, rows, 1),
+                  at_end=True)
 
 
 def _counted_pop(x: ConversionInput, w: RowCountedList, shape: tf.Tensor):
@@ -360,13 +402,18 @@ def _counted_pop(x: ConversionInput, w: RowCountedList, shape: tf.Tensor):
         return buf, starts, ends, tf.reduce_max(tf.concat([ends, [0]], 0))
 
     with tf.control_dependencies(checks):
-        buf, starts, ends, end = tf.cond(agree, lambda: (w.t, w.starts, w.ends, end), realigned)
+        if w.aligned:
+            buf, starts, ends, end = w.t, w.starts, w.ends, tf.identity(end)
+        else:
+            buf, starts, ends, end = tf.cond(agree, lambda: (w.t, w.starts, w.ends, end),
+                                             realigned)
     item = _owned(list_ops.tensor_list_get_item(buf, tf.maximum(end - 1, 0), dtype,
                                                 element_shape=shape), rows)
     ends = _add_owned(ends, rows, -1)
     # Drop the trailing positions no row holds any more, so a push after pops is in step.
-    buf = list_ops.tensor_list_resize(buf, tf.reduce_max(tf.concat([ends, [0]], 0)))
-    return w.like(buf, starts, ends), item
+    held = tf.where(ends > starts, ends, 0)
+    buf = list_ops.tensor_list_resize(buf, tf.reduce_max(tf.concat([held, [0]], 0)))
+    return w.like(buf, starts, ends, aligned=True), item
 
 
 def _read_positions(x: ConversionInput, w: RowCountedList, index: tf.Tensor, shape) -> tf.Tensor:
