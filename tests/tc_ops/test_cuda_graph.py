@@ -14,7 +14,7 @@ from tests.tc_ops.corpus import CASES
 from tfx_vec import tc_ops as tc
 from tfx_vec.tc_ops import tf_op
 from tfx_vec.tc_ops.backends.cuda import nvcc_path
-from tfx_vec.tc_ops.errors import TcBackendError, TcOptionsError
+from tfx_vec.tc_ops.errors import TcBackendError, TcOptionsError, TcShapeError
 from tfx_vec.tc_ops.keras import EmbeddingBag, FusedMLP, GroupedConv, TcLayer
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
@@ -129,6 +129,8 @@ def test_cuda_entry_run_without_a_gpu_is_the_clear_error():
         return
     with pytest.raises(TcBackendError, match=NO_GPU):
         loss_and_grad(tf.constant(A), tf.constant(B))
+    with pytest.raises(TcBackendError, match=NO_GPU):   # AutoGraph keeps the error's type
+        tf.function(lambda a, b: mod.tmm(a, b))(A, B)
 
 
 def test_an_entry_without_a_tf_op_is_a_clear_error_in_tf_function():
@@ -136,7 +138,7 @@ def test_an_entry_without_a_tf_op_is_a_clear_error_in_tf_function():
     with pytest.raises(TcBackendError, match=r"tmm: backend 'opencl' has no TF op, so it cannot "
                                              r"run inside tf.function; call the entry eagerly, or "
                                              r"define it with backend='cpu' .* backend='cuda'"):
-        tf.function(lambda a, b: mod.tmm(a, b), autograph=False).get_concrete_function(
+        tf.function(lambda a, b: mod.tmm(a, b)).get_concrete_function(
             tf.TensorSpec([4, 3]), tf.TensorSpec([5, 3]))
 
 
@@ -151,6 +153,8 @@ def test_cpu_entry_in_tf_function_still_the_cpu_op_with_per_call_options():
     assert "TcCudaKernel" not in _op_types(graph)
     assert "#pragma" not in op.get_attr("source").decode()     # the naive schedule's C
     np.testing.assert_allclose(naive(A, B).numpy(), A @ B.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TcShapeError, match="size K is 9 from A"):   # not AutoGraph's StagingError
+        tf.function(lambda a, b: mod.tmm(a, b))(A, B[:, :4])
 
 
 # -- Keras layers with backend="cuda" -------------------------------------------------------
@@ -213,6 +217,8 @@ def test_cuda_layer_called_without_a_gpu_is_the_clear_error():
         return
     with pytest.raises(TcBackendError, match=NO_GPU):
         layer(x)
+    with pytest.raises(TcBackendError, match=NO_GPU):
+        tf.function(lambda v: layer(v))(x)
     model = keras.Sequential([keras.Input((3,), batch_size=8), _fcrelu_layer("cuda")])
     with pytest.raises(TcBackendError, match=NO_GPU):
         model.predict(x, batch_size=8, verbose=0)

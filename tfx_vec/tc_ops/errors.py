@@ -50,6 +50,11 @@ def source_context(source: str, span: Span) -> str:
 class TcError(Exception):
     """Root of every error tc_ops raises on a user's TC, options or inputs."""
 
+    # AutoGraph re-raises an error from converted code as a StagingError unless its class takes a
+    # bare message; marked errors (as TF marks its UnliftableError) keep their type, so
+    # ``except TcBackendError`` works the same inside ``tf.function``.
+    ag_pass_through = True
+
     def __init__(self, message: str, span: Span | None = None, source: str | None = None):
         self.message, self.span, self.source = message, span, source
         super().__init__(self._format())
