@@ -111,13 +111,18 @@ def test_one_gradient_block_and_it_is_last():
     """The structure the program-counter schedule relies on (issue #5): exactly one block of
     the lowered program evaluates the gradient (the leaf) and it is the last block, so with
     earliest-block scheduling every unfinished chain waits there before it runs; trajectory
-    boundaries are no function calls (one loop of doublings, recursion only in build_tree)."""
+    boundaries are no function calls (one loop of doublings, recursion only in build_tree);
+    the blocks are laid out continuations first."""
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=0.3)
     program = kernel._program(nuts._StateSpec(_two_part_state()), batched=True).lowered()
     gradient_blocks = [i for i, b in enumerate(program.blocks) for op in b.ops
                        if isinstance(op, ir.Primitive) and "leaf(" in op.text]
     assert gradient_blocks == [len(program.blocks) - 1]
     assert set(program.entries) == {"run_trajectories", "build_tree"}
+    # continuations_first layout: members returning from a subtree (climbing) run before
+    # build_tree's entry, where members descend
+    tree = [i for i, owner in enumerate(program.owners) if owner == "build_tree"]
+    assert program.entries["build_tree"] > tree[0]
 
 
 def test_divergence_is_flagged_and_state_kept():

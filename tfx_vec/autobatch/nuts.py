@@ -570,7 +570,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             if batched:
                 from tfx_vec import autobatch as ab
                 # NUTS always terminates; max_steps only guards the runtime's loop.
-                wrap = ab.function(max_stack_depth=self.max_tree_depth + 4, max_steps=2 ** 30)
+                wrap = ab.function(max_stack_depth=self.max_tree_depth + 4, max_steps=2 ** 30,
+                                   block_layout="continuations_first")
             else:
                 wrap = _identity
             self._programs[key] = _make_program(vg, self.max_tree_depth, self.max_energy_diff,
