@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 from .errors import TcError
 from .lang import ast as A
 from .lang.parser import parse
+from .lang.printer import expr_to_tc
 from .lang.types import canonical, is_float
 
 __all__ = ["backward_tc", "BackwardTc", "TcGradientError"]
@@ -61,30 +62,10 @@ class BackwardTc:
 
 
 # -- expression text -------------------------------------------------------------------------
-_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4, "+": 5, "-": 5,
-         "*": 6, "/": 6, "%": 6}
-
-
 def _text(e: A.Expr, rename: Callable[[str], str]) -> str:
-    """TC text of ``e``, fully parenthesised where precedence needs it; tensors renamed."""
-    if isinstance(e, A.IntLit):
-        return str(e.value)
-    if isinstance(e, A.FloatLit):
-        return e.text
-    if isinstance(e, A.Ident):
-        return e.name
-    if isinstance(e, A.DimRef):
-        return f"{rename(e.name)}.{e.dim}"
-    if isinstance(e, A.Call):
-        return f"{rename(e.name)}({','.join(_text(a, rename) for a in e.args)})"
-    if isinstance(e, A.Unary):
-        return f"{e.op}({_text(e.operand, rename)})"
-    if isinstance(e, A.Binary):
-        return f"({_text(e.lhs, rename)} {e.op} {_text(e.rhs, rename)})"
-    if isinstance(e, A.Ternary):
-        return (f"({_text(e.cond, rename)} ? {_text(e.then, rename)} : "
-                f"{_text(e.other, rename)})")
-    raise TypeError(f"unknown TC expression {e!r}")
+    """TC text of ``e``, fully parenthesised (the text algebra below splices it); tensors
+    renamed."""
+    return expr_to_tc(e, rename=rename, full=True)
 
 
 # Symbolic text algebra; None is the zero.
