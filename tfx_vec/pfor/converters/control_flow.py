@@ -572,9 +572,8 @@ class _While:
             kept = [tf.gather(v, keep_pos) if f else v for v, f in zip(vars_, tflags)]
             return [tf.gather(rows, keep_pos)] + kept + new_tas
 
-        def body(not_done, rows, *state):
-            vars_, parts, tas_ = (list(state[:kt]), list(state[kt:kt + kl]),
-                                  list(state[kt + kl:]))
+        def finish(rows, vars_, parts, tas_):
+            """Evaluate the condition on the active rows; write the finished ones out."""
             m = tf.size(rows)
             c = self._cond_value(self._values(join(vars_, parts), flags, rows), m)
             c = tf.reshape(_stack(c, m), [-1])
@@ -582,26 +581,25 @@ class _While:
                           lambda: compact(c, rows, vars_, tas_))
             rows, vars_, tas_ = out[0], list(out[1:1 + kt]), list(out[1 + kt:])
             rows.set_shape([None])
-            flat = join(vars_, parts)
-            for v, shape in zip(flat, invariants):
+            for v, shape in zip(vars_, t_inv):
                 v.set_shape(shape)
-            not_done = tf.size(rows) > 0
-            values = self._values(flat, flags, rows)
-            new = tf.cond(not_done, lambda: self._run_body(values, flags, tf.size(rows)),
-                          lambda: flat)
-            if not isinstance(new, (list, tuple)):
-                new = [new]
+            return [rows] + vars_ + parts + tas_
+
+        def body(rows, *state):
+            # The loop only runs while some row is active: no guard around the body.
+            flat = join(list(state[:kt]), list(state[kt:kt + kl]))
+            new = self._run_body(self._values(flat, flags, rows), flags, tf.size(rows))
             new_vars, new_parts = split(new)
-            return [not_done, rows] + new_vars + new_parts + tas_
+            return finish(rows, new_vars, new_parts, list(state[kt + kl:]))
 
         init_vars, init_parts = split(self._init(flags))
         t_inv, p_inv = split(invariants)
-        res = tf.while_loop(lambda not_done, *_: not_done, body,
-                            [tf.constant(True), tf.range(n)] + init_vars + init_parts + tas,
-                            shape_invariants=([tf.TensorShape([]), tf.TensorShape([None])]
-                                              + t_inv + p_inv
+        res = tf.while_loop(lambda rows, *_: tf.size(rows) > 0, body,
+                            finish(tf.range(n), init_vars, init_parts, tas),
+                            shape_invariants=([tf.TensorShape([None])] + t_inv + p_inv
                                               + [tf.TensorShape(None)] * len(tracked)),
                             parallel_iterations=self.parallel_iterations)
+        res = [None] + list(res)   # (the former not_done slot) keeps the offsets below
         final = dict(zip(tracked, res[2 + kt + kl:]))
         lists = iter(res[2 + kt:2 + kt + kl])
         outs = []

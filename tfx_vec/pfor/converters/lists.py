@@ -303,7 +303,8 @@ def _to_buffer_rows(values: tf.Tensor, rows: tf.Tensor | None, n_rows: tf.Tensor
     # A gather from the values plus one zero row (CPU ScatterNd is several times slower);
     # the gather indices are made once per graph and owned rows (one per loop step).
     graph = tf.compat.v1.get_default_graph()
-    key = (rows.ref(), n_rows.ref() if isinstance(n_rows, tf.Tensor) else n_rows)
+    context = graph._get_control_flow_context()  # pylint: disable=protected-access
+    key = (rows.ref(), n_rows.ref() if isinstance(n_rows, tf.Tensor) else n_rows, id(context))
     source = _ROW_SOURCES.get(key)
     if source is None or source.graph is not graph:
         if len(_ROW_SOURCES) > 4096:
@@ -356,12 +357,15 @@ def _realign(w: RowCountedList, dtype: tf.DType, shape):
     rows at 0), so that rows whose ends disagreed push and pop in lockstep afterwards."""
     lens = w.ends - w.starts
     top = tf.reduce_max(tf.concat([lens, [0]], 0))
-    dense = _dense(w.t, dtype, shape)                           # [N, B, *S]
-    last = tf.maximum(tf.shape(dense)[1] - 1, 0)
+    dense = list_ops.tensor_list_stack(w.t, dtype, element_shape=shape)   # [B, N, *S]
+    last = tf.maximum(tf.shape(dense)[0] - 1, 0)
     new_starts = tf.where(lens > 0, top - lens, 0)
-    src = w.starts[:, None] + tf.range(top)[None, :] - new_starts[:, None]
-    moved = tf.gather(dense, tf.clip_by_value(src, 0, last), batch_dims=1)   # [N, top, *S]
-    return _from_dense(moved), new_starts, new_starts + lens
+    src = w.starts[None, :] + tf.range(top)[:, None] - new_starts[None, :]     # [top, N]
+    row = tf.broadcast_to(tf.range(tf.size(lens))[None, :], tf.shape(src))
+    # gather_nd keeps the [position, row] layout: no transposes of the whole buffer.
+    moved = tf.gather_nd(dense, tf.stack([tf.clip_by_value(src, 0, last), row], -1))
+    return (list_ops.tensor_list_from_tensor(moved, tf.constant(-1, tf.int32)), new_starts,
+            new_starts + lens)
 
 
 def _element_shape_of(item: tf.Tensor, rows, n_rows) -> tf.Tensor:
