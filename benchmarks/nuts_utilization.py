@@ -100,6 +100,8 @@ def run(quick: bool) -> Report:
         case = f"batch={b}"
         u, ceiling, _ = measure(base, calls, x0, trajectories=counts[-1], per_call=1)
         report.add(case, "local_static", u, ceiling=ceiling)
+        print(f"  {case:11s} local static utilization {u:.3f} (ceiling {ceiling:.3f})",
+              flush=True)
         for t in counts:
             k = base.copy(runtime="program_counter", num_trajectories_per_step=t)
             u, ceiling, per_grad = measure(k, calls, x0, t, per_call=t)
