@@ -258,24 +258,26 @@ class _Machine:
         return any(v not in self.types or any(
             s.shape.rank != 1 for s in tf.nest.flatten(self.types[v])) for v in touched)
 
-    def changes_of(self, i: int) -> Callable[[dict], dict]:
-        """Statically, the entries of the small state block ``i`` may change, as a function
-        picking them from a state: a guarded block's conditional passes only these through
-        (XLA copies every output of a conditional on each step)."""
-        b, t = self.p.blocks[i], self.p.blocks[i].terminator
-        vals, sps = set(), set()
-        for op in b.ops:
-            if isinstance(op, ir.Primitive):
-                vals.update(v for v in op.outputs if self.p.allocation[v] != ir.TEMPORARY)
-            elif isinstance(op, (ir.Push, ir.Pop)):
-                sps.add(op.var)
-            if isinstance(op, (ir.Pop, ir.Peek)):
-                vals.add(op.var)
-        scalars = ["pc"]
-        if _pushes_pc(t) or (isinstance(t, ir.Return) and t.target is None):
-            scalars.append("pc_sp")
-        if _pushes_pc(t) or any(isinstance(op, ir.Push) for op in b.ops):
-            scalars.append("overflow")
+    def changes_of(self, *blocks: int) -> Callable[[dict], dict]:
+        """Statically, the entries of the small state that any of ``blocks`` may change, as a
+        function picking them from a state.  A conditional running one of them passes only
+        these through (XLA copies every output of a conditional each step, and a [B, D]
+        register copied through every step costs as much as the block itself)."""
+        scalars, vals, sps = ["pc"], set(), set()
+        for i in blocks:
+            b, t = self.p.blocks[i], self.p.blocks[i].terminator
+            for op in b.ops:
+                if isinstance(op, ir.Primitive):
+                    vals.update(v for v in op.outputs if self.p.allocation[v] != ir.TEMPORARY)
+                elif isinstance(op, (ir.Push, ir.Pop)):
+                    sps.add(op.var)
+                if isinstance(op, (ir.Pop, ir.Peek)):
+                    vals.add(op.var)
+            if _pushes_pc(t) or (isinstance(t, ir.Return) and t.target is None):
+                scalars.append("pc_sp")
+            if _pushes_pc(t) or any(isinstance(op, ir.Push) for op in b.ops):
+                scalars.append("overflow")
+        scalars = list(dict.fromkeys(scalars))
         return lambda s: {**{k: s[k] for k in scalars}, "vals": {v: s["vals"][v] for v in vals},
                           "sp": {v: s["sp"][v] for v in sps}}
 
@@ -341,9 +343,11 @@ class _Machine:
                 return steps + 1, small, big
             nxt = tf.minimum(choose(small["pc"], self.halt), self.halt - 1)
             small = count(small, nxt)
-            small, writes = tf.switch_case(
-                nxt, [lambda i=i: uniform_block(i, small, big) for i in range(self.halt)])
-            return steps + 1, small, apply_if_written(nxt, big, writes)
+            part = self.changes_of(*range(self.halt))
+            changed, writes = tf.switch_case(nxt, [
+                lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
+                for i in range(self.halt)])
+            return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
 
         writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
         writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
