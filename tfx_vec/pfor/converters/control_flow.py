@@ -85,16 +85,17 @@ def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]
     return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
 
 
-def _placeholder_like(w: WrappedTensor, stacked: bool, layout=(0, False, False)
+def _placeholder_like(w: WrappedTensor, stacked: bool, layout=(0, False, False, False)
                       ) -> WrappedTensor:
     """A placeholder standing for ``w`` made ``stacked`` (lists keep their scalar handle;
     ``layout``: a list with per-row element counts, see ``lists.layout_of``)."""
-    kind, aligned, at_end = layout
+    kind, aligned, at_end, constant = layout
     if kind:
         ints = lambda: tf.compat.v1.placeholder(tf.int32, [None])
         rows = ints() if isinstance(w, RowCountedList) and w.rows is not None else None
         return RowCountedList(tf.compat.v1.placeholder(tf.variant, []), ints(), ints(), rows,
-                              shared=kind == SHARED, aligned=aligned, at_end=at_end)
+                              shared=kind == SHARED, aligned=aligned, at_end=at_end,
+                              constant=constant)
     shape = w.t.shape
     if stacked and not w.is_stacked and w.t.dtype != tf.variant:
         shape = tf.TensorShape([None]).concatenate(shape)
@@ -249,7 +250,7 @@ def _conditional(x: ConversionInput):
 def _invariant_conditional(x, index, graphs, args):
     kinds = [dry_run_kinds(x, g, args) for g in graphs]
     if (any(isinstance(w, RowCountedList) for w in args)
-            or any(any(kind for kind, _, _ in layouts) for _, layouts in kinds)):
+            or any(any(layout[0] for layout in layouts) for _, layouts in kinds)):
         return run_per_iteration(x, {}, "lists whose iterations hold different numbers of "
                                         "elements cannot pass through a conditional")
     flags = [any(fs) for fs in zip(*(stacked for stacked, _ in kinds))]
@@ -303,11 +304,10 @@ def _convert_call(x: ConversionInput):
 def _merge_layout(loop: tuple, out: tuple) -> tuple:
     """A loop variable's layout at each step's start, given the body's output layout: what
     holds at entry and after the body (an uncounted output is a uniform list: aligned)."""
-    kind, aligned, at_end = loop
-    if out[0] == kind:
-        return kind, aligned and out[1], at_end and out[2]
+    if out[0] == loop[0]:
+        return (loop[0],) + tuple(a and b for a, b in zip(loop[1:], out[1:]))
     if out[0] == SHARED:  # tiled each step: rows' ends differ
-        return kind, False, False
+        return loop[0], False, False, False
     return loop
 
 
@@ -332,17 +332,17 @@ class _While:
         self.carried: list[bool] = []
         #: ``lists.layout_of`` of each variable in the new loop, at the start of every step
         #: (kind 0: not a counted list).  A counted list enters with aligned rows.
-        self.layouts = [(k, True, True) if k == PER_ROW else (k, False, False)
-                        for k, _, _ in map(layout_of, x.inputs)]
+        self.layouts = [(k, True, True, False) if k == PER_ROW else (k, False, False, c)
+                        for k, _, _, c in map(layout_of, x.inputs)]
         self.is_list = [t.dtype == tf.variant for t in x.op.inputs]
 
     @property
     def counted(self) -> list[int]:
-        return [kind for kind, _, _ in self.layouts]
+        return [layout[0] for layout in self.layouts]
 
     def set_kinds(self, kinds: Sequence[int]) -> None:
         """New layout kinds (a list newly counted, or newly per-row, enters aligned)."""
-        self.layouts = [l if k == l[0] else (k, k == PER_ROW, k == PER_ROW)
+        self.layouts = [l if k == l[0] else (k, k == PER_ROW, k == PER_ROW, False)
                         for k, l in zip(kinds, self.layouts)]
 
     def stacked_flags(self, flags: list[bool]) -> list[bool]:
@@ -411,10 +411,10 @@ class _While:
                 out.append(self.x.inputs[i])
             elif self.counted[i]:
                 buf, starts, ends = next(it), next(it), next(it)
-                kind, aligned, at_end = self.layouts[i]
+                kind, aligned, at_end, constant = self.layouts[i]
                 out.append(RowCountedList(buf, starts, ends, self._list_rows(i, rows),
                                           shared=kind == SHARED, aligned=aligned,
-                                          at_end=at_end))
+                                          at_end=at_end, constant=constant))
             else:
                 out.append(WrappedTensor(next(it), f))
         return out
@@ -464,10 +464,45 @@ class _While:
             self.set_kinds([c or ((PER_ROW if f else SHARED) if l else 0)
                             for c, l, f in zip(self.counted, lists, flags)])
             flags = self._set_flags(self.stacked_flags([f or l for f, l in zip(flags, lists)]))
+            for i, layout in enumerate(self.layouts):
+                if layout[0] == SHARED and self.pushes_one_value(i, flags):
+                    self.layouts[i] = (SHARED, False, False, True)
             return self.partitioned(flags)
         if in_xla_context(x):
             return self.masked(flags)
         return self.partitioned(flags)
+
+    def pushes_one_value(self, i: int, flags) -> bool:
+        """Whether list variable ``i`` starts as a fresh empty list and every step pushes the
+        same value onto it: one ``TensorListPushBack`` of a value computed from invariant
+        pass-through variables and constants only, reading variables that nothing in the
+        body writes (the weight reads a while-loop gradient accumulates)."""
+        if self.x.op.inputs[i].op.type != "EmptyTensorList" or self.x.inputs[i].is_stacked:
+            return False
+        push = self.body.outputs[i].op
+        while push.type == "Identity":
+            push = push.inputs[0].op
+        if push.type != "TensorListPushBack" or push.inputs[0] is not self.body.inputs[i]:
+            return False
+        writes = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
+        if any(op.type.startswith(writes) for op in self.body.get_operations()):
+            return False
+        invariant = {self.body.inputs[j].ref() for j in range(self.k)
+                     if self.pass_through[j] and not flags[j]}
+        todo, seen = [push.inputs[1].op], set()
+        while todo:
+            op = todo.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type == "Placeholder":
+                if not all(o.ref() in invariant for o in op.outputs):
+                    return False
+            elif op.type != "ReadVariableOp" and op._is_stateful:  # pylint: disable=protected-access
+                return False
+            todo.extend(t.op for t in op.inputs)
+            todo.extend(op.control_inputs)
+        return True
 
     def per_iteration(self):
         """Stacked TensorLists in a loop whose trip count varies, under XLA: the While op
@@ -607,7 +642,8 @@ class _While:
             if self.carried[i] and self.counted[i]:
                 buf, starts, ends = next(lists), next(lists), next(lists)
                 outs.append(RowCountedList(buf, starts, ends, self._list_rows(i, None),
-                                           shared=self.counted[i] == SHARED))
+                                           shared=self.counted[i] == SHARED,
+                                           constant=self.layouts[i][3]))
                 continue
             j = tensor_idx.index(i) if i in tensor_idx else None
             if j is not None and j in final:

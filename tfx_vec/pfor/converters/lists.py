@@ -202,6 +202,9 @@ class RowCountedList(WrappedTensor):
     What is known statically about the owned rows (so that no run-time test is emitted):
     ``aligned``: their ends are equal (true after any push or pop: the rows of one loop step
     push and pop together); ``at_end``: they all end at the buffer's end (true after a push).
+    ``constant`` (shared lists): every element is the same value -- a ``while`` loop pushed
+    one step-invariant value (e.g. a weight read the gradient accumulates at every step), so
+    a pop is that loop-invariant value, whatever the row's count.
 
     Example:
         >>> import tensorflow as tf
@@ -214,25 +217,27 @@ class RowCountedList(WrappedTensor):
 
     def __new__(cls, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor,
                 rows: tf.Tensor | None = None, shared: bool = False, aligned: bool = False,
-                at_end: bool = False):
+                at_end: bool = False, constant: bool = False):
         self = super().__new__(cls, t, True)
         self.starts, self.ends, self.rows, self.shared = starts, ends, rows, shared
         self.aligned, self.at_end = aligned or at_end, at_end
+        self.constant = shared and constant
         return self
 
     def _replace(self, **kw):  # keep the counts when a handle is re-emitted (Identity)
         return self.like(kw.get("t", self.t), self.starts, self.ends, aligned=self.aligned,
-                         at_end=self.at_end)
+                         at_end=self.at_end, constant=self.constant)
 
     def like(self, t: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor, *, aligned: bool = False,
-             at_end: bool = False) -> "RowCountedList":
+             at_end: bool = False, constant: bool = False) -> "RowCountedList":
         """Same owned rows and layout kind, new buffer and counts."""
-        return RowCountedList(t, starts, ends, self.rows, self.shared, aligned, at_end)
+        return RowCountedList(t, starts, ends, self.rows, self.shared, aligned, at_end,
+                              constant)
 
     @property
-    def layout(self) -> tuple[int, bool, bool]:
-        """``(count_kind, aligned, at_end)``."""
-        return count_kind(self), self.aligned, self.at_end
+    def layout(self) -> tuple[int, bool, bool, bool]:
+        """``(count_kind, aligned, at_end, constant)``."""
+        return count_kind(self), self.aligned, self.at_end, self.constant
 
 
 #: :func:`count_kind` values: a list without per-row counts, a shared one, a per-row one.
@@ -245,9 +250,9 @@ def count_kind(w: WrappedTensor) -> int:
     return SHARED if w.shared else PER_ROW
 
 
-def layout_of(w: WrappedTensor) -> tuple[int, bool, bool]:
-    """``(count_kind, aligned, at_end)`` of any value (``(0, False, False)`` if uncounted)."""
-    return w.layout if isinstance(w, RowCountedList) else (UNCOUNTED, False, False)
+def layout_of(w: WrappedTensor) -> tuple[int, bool, bool, bool]:
+    """``RowCountedList.layout`` of any value (``(0, False, False, False)`` if uncounted)."""
+    return w.layout if isinstance(w, RowCountedList) else (UNCOUNTED, False, False, False)
 
 
 def aligned_entry(w: RowCountedList, dtype: tf.DType) -> RowCountedList:
@@ -540,14 +545,19 @@ def _shared_push(x: ConversionInput, w: RowCountedList, item: tf.Tensor) -> RowC
     return w.like(buf, w.starts, _add_owned(w.ends, w.rows, 1))
 
 
-def _shared_read(x: ConversionInput, w: RowCountedList, index: tf.Tensor, shape) -> tf.Tensor:
-    """Row ``k`` of the owned rows reads its element ``index[k]`` of a shared list."""
+def _shared_read(x: ConversionInput, w: RowCountedList, index: tf.Tensor,
+                 shape) -> WrappedTensor:
+    """Row ``k`` of the owned rows reads its element ``index[k]`` of a shared list (of a
+    constant one: the one loop-invariant value)."""
     lens = _owned(w.ends - w.starts, w.rows)
     index = tf.broadcast_to(tf.cast(index, tf.int32), tf.shape(lens))
     checks = _check(x, tf.reduce_all((index >= 0) & (index < lens)), "index out of range in "
                     "some iteration; per-iteration indices and element counts:", index, lens)
     with tf.control_dependencies(checks):
-        return list_ops.tensor_list_gather(w.t, index, _dtype(x), element_shape=shape)
+        if w.constant:
+            return _out(list_ops.tensor_list_get_item(w.t, 0, _dtype(x), element_shape=shape),
+                        False)
+        return _out(list_ops.tensor_list_gather(w.t, index, _dtype(x), element_shape=shape))
 
 
 def _shared_pop(x: ConversionInput, w: RowCountedList, shape):
@@ -556,7 +566,7 @@ def _shared_pop(x: ConversionInput, w: RowCountedList, shape):
                     "per-iteration element counts:", lens)
     with tf.control_dependencies(checks):
         item = _shared_read(x, w, lens - 1, shape)
-    return w.like(w.t, w.starts, _add_owned(w.ends, w.rows, -1)), item
+    return (w.like(w.t, w.starts, _add_owned(w.ends, w.rows, -1), constant=w.constant), item)
 
 
 def _shared_elements(x: ConversionInput, w: RowCountedList, indices: tf.Tensor | None, shape):
@@ -639,7 +649,7 @@ def _get_item(x: ConversionInput):
     dtype = _dtype(x)
     if isinstance(handle, RowCountedList) and handle.shared:
         shape = _static_element_shape(x.unstacked_input(2))
-        return [_out(_shared_read(x, handle, index.t, shape))]
+        return [_shared_read(x, handle, index.t, shape)]
     if isinstance(handle, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(2), _n_rows(handle))
         return [_out(_read_positions(x, handle, index.t, shape))]
@@ -709,7 +719,7 @@ def _pop_back(x: ConversionInput):
     w = x.inputs[0]
     if isinstance(w, RowCountedList) and w.shared:
         out, item = _shared_pop(x, w, _static_element_shape(x.unstacked_input(1)))
-        return [out, _out(item)]
+        return [out, item]
     if isinstance(w, RowCountedList):
         shape = _stacked_element_shape(x.unstacked_input(1), _n_rows(w))
         out, item = _counted_pop(x, w, shape)
