@@ -12,7 +12,9 @@ Each row also records the *ceiling* of its schedule: a chain cannot take more gr
 needs, so a call costs at least as many batched gradients as its longest chain needs, and
 utilization is at most (gradients needed) / (batch x sum over calls of the longest chain's
 need).  The earliest-block program counter reaches it exactly (its gradient block runs only when
-every unfinished chain waits there); only more trajectories per call raise it.
+every unfinished chain waits there); only more trajectories per call raise it.  The last rows
+give that ceiling for T = 10 ... 100 trajectories per call from longer runs (100 trajectories
+at batch 30, 50 at batch 1000; per-chain gradient counts of blocks of 10 trajectories).
 
 Run: ``.venv/bin/python -m benchmarks [--quick] nuts_utilization``.
 """
@@ -93,7 +95,9 @@ def run(quick: bool) -> Report:
                            "change the schedule). Each row's extra 'ceiling' is the best any "
                            "schedule synchronizing on these calls can do (sum needed / (batch x "
                            "sum of per-call maxima)); 'loop_steps_per_gradient' counts the "
-                           "program counter's loop steps per batched gradient."))
+                           "program counter's loop steps per batched gradient. Rows 'ceiling "
+                           "over N trajectories': that ceiling for T trajectories per call, "
+                           "from the per-chain gradient counts of a longer run."))
     chol = np.linalg.cholesky(cov)
     for b in batches:
         x0 = tf.constant((rng.normal(size=(b, DIM)) @ chol.T).astype(np.float32))
@@ -109,4 +113,40 @@ def run(quick: bool) -> Report:
                        loop_steps_per_gradient=per_grad)
             print(f"  {case:11s} T={t:3d} utilization {u:.3f} (ceiling {ceiling:.3f}), "
                   f"{per_grad:.1f} loop steps per gradient", flush=True)
+    # Longer runs: the ceiling for T trajectories per call, from the gradients each chain needs
+    # in each block of 10 trajectories (the program counter meets its ceiling in every row
+    # above); blocks run as XLA-compiled steps of 10 trajectories each.
+    long_runs = {30: 20} if quick else {30: 100, 1000: 50}   # batch: trajectories
+    plain = base.copy(target_log_prob_fn=lambda x: target_without_counter(prec, x),
+                      runtime="program_counter", num_trajectories_per_step=10)
+    for b, long in long_runs.items():
+        x0 = tf.constant((rng.normal(size=(b, DIM)) @ chol.T).astype(np.float32))
+        needs = per_call_gradients(plain, x0, long // 10)                # [blocks, chains]
+        for t in (10, 20, 50, 100):
+            if long % t:
+                continue
+            calls_of_t = needs.reshape(long // t, t // 10, b).sum(axis=1)  # [calls, chains]
+            ceiling = calls_of_t.sum() / (b * calls_of_t.max(axis=1).sum())
+            report.add(f"batch={b}, ceiling over {long} trajectories", f"program_counter T={t}",
+                       ceiling)
+            print(f"  batch={b:5d} T={t:3d} ceiling {ceiling:.3f} ({long} trajectories)",
+                  flush=True)
     return report
+
+
+def target_without_counter(prec: np.ndarray, x: tf.Tensor) -> tf.Tensor:
+    return -0.5 * tf.reduce_sum(tf.matmul(x, tf.constant(prec)) * x, axis=-1)
+
+
+def per_call_gradients(kernel: NoUTurnSampler, x0: tf.Tensor, calls: int,
+                       seed: int = 1) -> np.ndarray:
+    """Gradients each chain needs in each of ``calls`` XLA-compiled steps, ``[calls, chains]``."""
+    step = tf.function(kernel.one_step, jit_compile=True)
+    state, results = x0, kernel.bootstrap_results(x0)
+    rows, before = [], np.zeros(int(x0.shape[0]), np.int64)
+    for i in range(calls):
+        state, results = step(state, results, seed=tf.constant([seed, i]))
+        taken = results.leapfrogs_taken.numpy()
+        rows.append(taken - before)
+        before = taken
+    return np.stack(rows)
