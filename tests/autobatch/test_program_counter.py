@@ -21,9 +21,13 @@ def test_fib_inside_user_tf_function_and_xla():
                                   want)
 
 
-def test_stack_overflow_is_an_error_naming_members():
+XLA_VARIANTS = [{}, {"jit_compile": True}, {"jit_compile": True, "scheduler": "sweep_guarded"}]
+
+
+@pytest.mark.parametrize("opts", XLA_VARIANTS, ids=["graph", "xla", "xla_sweep_guarded"])
+def test_stack_overflow_is_an_error_naming_members(opts):
     with pytest.raises(ab.StackOverflowError, match=r"members \[1\]"):
-        fib(tf.constant([3, 40]), max_stack_depth=5)
+        fib(tf.constant([3, 40]), max_stack_depth=5, **opts)
 
 
 def test_stack_overflow_in_graph_is_an_assertion():
@@ -31,9 +35,10 @@ def test_stack_overflow_in_graph_is_an_assertion():
         tf.function(lambda a: fib(a, max_stack_depth=4))(tf.constant([2, 30]))
 
 
-def test_max_steps_is_an_error_naming_members():
+@pytest.mark.parametrize("opts", XLA_VARIANTS, ids=["graph", "xla", "xla_sweep_guarded"])
+def test_max_steps_is_an_error_naming_members(opts):
     with pytest.raises(ab.MaxStepsExceededError, match=r"members \[1\]"):
-        fib(tf.constant([3, 20]), max_steps=50)
+        fib(tf.constant([3, 20]), max_steps=50, **opts)
 
 
 @pytest.mark.parametrize("scheduler", ["earliest", "sweep"])

@@ -16,6 +16,7 @@ SCHEDULERS = [
     ("earliest_graph", {"scheduler": "earliest"}),
     ("sweep_xla", {"jit_compile": True, "scheduler": "sweep"}),
     ("sweep_guarded", {"scheduler": "sweep_guarded"}),
+    ("sweep_guarded_xla", {"jit_compile": True, "scheduler": "sweep_guarded"}),
     ("most_active", {"scheduler": "most_active"}),
 ]
 # Graph-mode (non-XLA) program counter and the other schedulers on a representative subset.

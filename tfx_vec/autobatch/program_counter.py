@@ -1,13 +1,17 @@
 """Runtime 2: program-counter autobatching (the paper's Algorithm 2 and Figure 5).
 
 One ``tf.while_loop``; its body picks a block (the earliest one some member waits at, or the
-one most members wait at) and dispatches with ``tf.switch_case`` to that block, compiled with
-its index static.  The state is: the program counter (cached top, ``[D + 2, B]`` stack and
-per-member stack pointer), one ``[B, ...]`` value per register, and for every stack variable a
-cached top, a ``[D + 1, B, ...]`` stack (the last slot is a junk slot for members that do not
-write) and per-member stack pointers.  Temporaries live only inside
-a block.  Everything has a static shape, so the runtime runs eagerly (through one traced
-``ConcreteFunction`` per input signature), inside ``tf.function`` and under ``jit_compile=True`` as one XLA program.
+one most members wait at) and runs that block, compiled with its index static.  The state is:
+the program counter (cached top, ``[D + 2, B]`` stack and per-member stack pointer), one
+``[B, ...]`` value per register, and for every stack variable a cached top, a
+``[D + 1, B, ...]`` stack (the last slot is a junk slot for members that do not write) and
+per-member stack pointers.  Temporaries live only inside a block.  Dispatch: in a TF graph a
+``tf.switch_case`` (the stacks written after it, behind a ``tf.cond``); under XLA, where a
+conditional copies every one of its outputs each step, each block sits in a loop of 0 or 1
+trips that carries only what it changes and updates its stacks in place (scalar-only programs
+keep the ``switch_case``).  Everything has a static shape, so the runtime runs eagerly (through
+one traced ``ConcreteFunction`` per input signature), inside ``tf.function`` and under
+``jit_compile=True`` as one XLA program.
 
 A member that would recurse deeper than ``max_stack_depth`` stops and is flagged; so is every
 member still running after ``max_steps`` loop steps.  Called eagerly, flags raise
@@ -111,6 +115,24 @@ def _merge(small: dict, changed: dict) -> dict:
             "vals": {**small["vals"], **changed["vals"]}, "sp": {**small["sp"], **changed["sp"]}}
 
 
+_NO_WRITES = {"pc_stack": None, "stack": {}}
+
+
+def _big_part(big: dict, keys: tuple) -> dict:
+    """The stacks a block writes (``keys`` from ``writes_of``)."""
+    pc_key, stacks = keys
+    part = {"stack": {v: big["stack"][v] for v in stacks}}
+    if pc_key:
+        part["pc_stack"] = big["pc_stack"]
+    return part
+
+
+def _merge_big(big: dict, part: dict) -> dict:
+    """``big`` with the stacks of ``part`` (see ``_big_part``) replaced."""
+    return {"pc_stack": part.get("pc_stack", big["pc_stack"]),
+            "stack": {**big["stack"], **part["stack"]}}
+
+
 def _pushes_pc(t: Any) -> bool:
     """Does terminator ``t`` write the program-counter stack?"""
     return isinstance(t, ir.PushJump) and t.push
@@ -129,8 +151,9 @@ class _Machine:
 
     Blocks only *read* stacks; each returns at most one deferred write (slot, mask, value) per
     stack it writes (lowering guarantees at most one push/update per variable per block, after
-    its reads), applied after the ``switch_case``, so the big stack buffers are never outputs
-    of the conditional (XLA would copy them every step).
+    its reads), applied after the block: outside a ``switch_case`` / ``tf.cond`` (never
+    outputs of a conditional, which XLA would copy every step), or inside an XLA loop guard
+    (loop-carried, so updated in place).
     """
 
     def __init__(self, program: ir.Program, types: Mapping[str, Any], depth: int):
@@ -243,11 +266,12 @@ class _Machine:
                 {"pc_stack": pc_write, "stack": writes})
 
     def worth_guarding(self, i: int) -> bool:
-        """Should ``sweep_guarded`` put block ``i`` behind a ``tf.cond``?  The guard (a
-        reduction over the batch plus a conditional) costs about as many XLA kernels as a
-        small block, so blocks that write no stack and only compute on per-member scalars
-        (every variable they touch is ``[B]``) run masked without one; blocks with pushes,
-        calls or wider values (whose cost is unknown and may be large) are guarded."""
+        """Should ``sweep_guarded`` put block ``i`` behind a guard (a ``tf.cond``; under XLA
+        a loop of 0 or 1 trips)?  The guard (a reduction over the batch plus the control
+        flow) costs about as many XLA kernels as a small block, so blocks that write no stack
+        and only compute on per-member scalars (every variable they touch is ``[B]``) run
+        masked without one; blocks with pushes, calls or wider values (whose cost is unknown
+        and may be large) are guarded."""
         b = self.p.blocks[i]
         if _pushes_pc(b.terminator) or any(
                 isinstance(op, (ir.Push, ir.Update)) for op in b.ops):
@@ -323,53 +347,76 @@ class _Machine:
             return dict(small, runs=small["runs"] + hot * tf.minimum(here, 1),
                         members=small["members"] + hot * here)
 
+        xla = _in_xla_context()
+
+        def guarded(i, small, big, runs):
+            """Block ``i`` for the members waiting at it, only where ``runs(pc)`` (a scalar)
+            holds.  Under XLA a loop of 0 or 1 trips that carries just what the block can
+            change (``changes_of``) and the stacks it writes, its stack writes applied inside:
+            XLA updates loop-carried buffers in place, where a conditional copies each of its
+            outputs every step ([B, D] registers and stacks alike) and a skipped block would
+            still scatter into the junk slot (NUTS one_step at 1024 chains x 100 dimensions:
+            80 -> 43 ms; fib at 1024: 15 -> 8.5 ms).  In a TF graph a ``tf.cond``, whose
+            outputs are not copied."""
+            keys, part = self.writes_of(i), self.changes_of(i)
+            if not xla:
+                changed, writes = tf.cond(
+                    runs(small["pc"]),
+                    lambda: (lambda new, w: (part(new), w))(*uniform_block(i, small, big, keys)),
+                    lambda: (part(small), self.uniform(small, _NO_WRITES, keys)))
+                return _merge(small, changed), apply(big, writes)
+
+            def once(done, changed, stacks):
+                whole = _merge_big(big, stacks)
+                new, writes = self.block(i, _merge(small, changed), whole)
+                return tf.constant(True), part(new), _big_part(apply(whole, writes), keys)
+            _, changed, stacks = tf.while_loop(
+                lambda done, changed, _: tf.logical_and(~done, runs(changed["pc"])), once,
+                (tf.constant(False), part(small), _big_part(big, keys)), maximum_iterations=1)
+            return _merge(small, changed), _merge_big(big, stacks)
+
         def body(steps, small, big):
             if choose is None:  # a sweep: every block once, in program order
                 for i in range(self.halt):
                     small = count(small, i)
                     if scheduler == "sweep_guarded" and self.worth_guarding(i):
-                        keys, part = self.writes_of(i), self.changes_of(i)
-                        changed, writes = tf.cond(
-                            tf.reduce_any(tf.equal(small["pc"], i)),
-                            lambda i=i, small=small, big=big, keys=keys, part=part: (
-                                lambda new, w: (part(new), w))(*uniform_block(
-                                    i, small, big, keys)),
-                            lambda small=small, keys=keys, part=part: (part(small), self.uniform(
-                                small, {"pc_stack": None, "stack": {}}, keys)))
-                        small = _merge(small, changed)
+                        small, big = guarded(i, small, big,
+                                             lambda pc, i=i: tf.reduce_any(tf.equal(pc, i)))
                     else:
                         small, writes = self.block(i, small, big)
-                    big = apply(big, writes)
+                        big = apply(big, writes)
                 return steps + 1, small, big
             nxt = tf.minimum(choose(small["pc"], self.halt), self.halt - 1)
             small = count(small, nxt)
+            if loop_guards:  # each block guarded: only the chosen one runs, in place
+                for i in range(self.halt):
+                    small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
+                return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
             changed, writes = tf.switch_case(nxt, [
                 lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
 
+        # Under XLA a switch_case copies every output each step; per-block loop guards do not,
+        # but cost a loop per block: worth it once some block writes a stack or wide values
+        # (fib 77 -> 21 ms, NUTS 283 -> 97 ms per step call), not for scalar-only programs
+        # (Collatz 1.6 -> 1.9 ms), which keep the switch (with no stack to write).
+        loop_guards = xla and any(self.worth_guarding(i) for i in range(self.halt))
         writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
         writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
                         for v in self.stacks})
 
-        xla = _in_xla_context()
-
-        def maybe(nxt, key, stack, write):
-            """Scatter into stacks some block writes.  Under XLA unconditionally (steps whose
-            block does not write scatter to the junk slot, O(batch)): XLA copies the whole
-            [depth, batch] stack out of a conditional whose other branch passes it through,
-            every step.  In a TF graph a ``tf.cond`` skips the scatter for free."""
-            if not writers[key]:
-                return stack
-            if xla:
-                return _apply_write(stack, write)
-            ran = tf.reduce_any(tf.equal(nxt, writers[key]))
-            return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
-
         def apply_if_written(nxt, big, writes):
-            return {"pc_stack": maybe(nxt, None, big["pc_stack"], writes["pc_stack"]),
-                    "stack": {v: maybe(nxt, v, big["stack"][v], writes["stack"][v])
+            """Scatter the chosen block's writes into the stacks it writes (a TF graph: a
+            ``tf.cond`` skips the others' scatters for free)."""
+            def maybe(key, stack, write):
+                if not writers[key]:
+                    return stack
+                ran = tf.reduce_any(tf.equal(nxt, writers[key]))
+                return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
+            return {"pc_stack": maybe(None, big["pc_stack"], writes["pc_stack"]),
+                    "stack": {v: maybe(v, big["stack"][v], writes["stack"][v])
                               for v in self.stacks}}
 
         def cond(steps, small, big):
