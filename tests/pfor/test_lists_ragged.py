@@ -242,3 +242,14 @@ def test_write_past_an_examples_own_length_is_a_clear_error():
         return ta.read(2)   # beyond the lists of the examples of length 1 and 2
     with pytest.raises(tfx_vec.VectorizationError, match=r"TensorListGetItem.*out of range"):
         tfx_vec.pfor(f, N, fallback_to_while_loop=False)
+
+
+def test_list_op_without_per_row_counts_support_is_a_clear_error():
+    def f(i):
+        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[D])
+        _, ta = tf.while_loop(lambda t, ta: t < tf.gather(LENS_POS, i),
+                              lambda t, ta: (t + 1, ta.write(t, tf.gather(SEQS[0], t))), (0, ta))
+        return ta.concat()
+    with pytest.raises(tfx_vec.VectorizationError,
+                       match=r"TensorListConcatV2.*different numbers of elements"):
+        tfx_vec.pfor(f, N, fallback_to_while_loop=False)

@@ -771,6 +771,14 @@ def _resize(x: ConversionInput):
     return [_out(list_ops.tensor_list_resize(_stacked_list(x), x.inputs[1].t))]
 
 
+@list_converter("TensorListConcat", "TensorListConcatV2", "TensorListSplit",
+                "TensorListConcatLists", "TensorListPushBackBatch")
+def _per_iteration_only(x: ConversionInput):
+    """No vectorized form: run per iteration (lists with per-row counts: an error naming the
+    op, raised by :func:`list_converter`, instead of a failure inside the fallback)."""
+    return None
+
+
 def stack_like(w: WrappedTensor, n: tf.Tensor, original: tf.Tensor | None = None) -> tf.Tensor:
     """``w`` in the stacked layout: tiled for tensors, :func:`tile_list` for lists.
 
