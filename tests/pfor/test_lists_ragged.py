@@ -131,6 +131,29 @@ def test_loop_invariant_pushes_share_elements_until_a_per_iteration_push():
     check_pfor(f, N, modes=FAST)
 
 
+def test_nested_loops_of_per_example_trip_counts_push_to_the_outer_list():
+    """The inner loop's trip count depends on the outer step and the example: the list keeps
+    all rows while both loops compact their active rows (composed row indices)."""
+    def f(i):
+        xs, length = tf.gather(SEQS, i), tf.gather(LENS, i)
+        acc = list_ops.empty_tensor_list(tf.constant([D]), tf.float32)
+
+        def outer(t, l):
+            _, l = tf.while_loop(lambda k, l: k < (t + i) % 3, lambda k, l: (
+                k + 1, list_ops.tensor_list_push_back(
+                    l, tf.gather(xs, t) * tf.cast(k + 1, tf.float32))), (0, l))
+            return t + 1, l
+        _, acc = tf.while_loop(lambda t, l: t < length, outer, (0, acc))
+
+        def pop(k, l, s):
+            l, e = list_ops.tensor_list_pop_back(l, tf.float32)
+            return k + 1, l, s * 0.5 + e
+        n = list_ops.tensor_list_length(acc)
+        _, _, s = tf.while_loop(lambda k, l, s: k < n, pop, (0, acc, tf.zeros([D])))
+        return n, s
+    check_pfor(f, N, modes=FAST)
+
+
 def test_tensor_array_of_loop_variant_size():
     def f(i):
         length = tf.gather(LENS_POS, i)

@@ -358,13 +358,14 @@ def _from_dense(dense: tf.Tensor) -> tf.Tensor:
 
 
 def _realign(w: RowCountedList, dtype: tf.DType, shape):
-    """Move every row's elements to end at one position ``top`` = the longest row (empty
-    rows at 0), so that rows whose ends disagreed push and pop in lockstep afterwards."""
+    """Move every row's elements to end at one position ``top`` = the longest row (the
+    buffer's new length; empty rows too), so that rows whose ends disagreed push and pop in
+    lockstep afterwards."""
     lens = w.ends - w.starts
     top = tf.reduce_max(tf.concat([lens, [0]], 0))
     dense = list_ops.tensor_list_stack(w.t, dtype, element_shape=shape)   # [B, N, *S]
     last = tf.maximum(tf.shape(dense)[0] - 1, 0)
-    new_starts = tf.where(lens > 0, top - lens, 0)
+    new_starts = top - lens
     src = w.starts[None, :] + tf.range(top)[:, None] - new_starts[None, :]     # [top, N]
     row = tf.broadcast_to(tf.range(tf.size(lens))[None, :], tf.shape(src))
     # gather_nd keeps the [position, row] layout: no transposes of the whole buffer.
