@@ -276,3 +276,32 @@ def test_list_op_without_per_row_counts_support_is_a_clear_error():
     with pytest.raises(tfx_vec.VectorizationError,
                        match=r"TensorListConcatV2.*different numbers of elements"):
         tfx_vec.pfor(f, N, fallback_to_while_loop=False)
+
+
+@settings(max_examples=4)
+@given(n=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_random_push_pop_push_programs_per_example(n, seed):
+    """Each example pushes, pops and pushes again its own numbers of times, then every
+    element and the length are read back: per-row ends, realignment and lockstep pops."""
+    rng = np.random.default_rng(seed)
+    vals = tf.constant(random_array(rng, [n, 8, 2], np.float32))
+    counts = tf.constant(rng.integers(0, 4, size=[n, 3]).astype(np.int32))
+
+    def f(i):
+        v, (a, b, c) = tf.gather(vals, i), tf.unstack(tf.gather(counts, i))
+        acc = list_ops.empty_tensor_list(tf.constant([2]), tf.float32)
+        push = lambda k, l: (k + 1, list_ops.tensor_list_push_back(l, tf.gather(v, k)))  # noqa: E731
+        _, acc = tf.while_loop(lambda k, l: k < a, push, (0, acc))
+
+        def pop(k, l, s):
+            l, e = list_ops.tensor_list_pop_back(l, tf.float32)
+            return k + 1, l, s * 0.5 + e
+        _, acc, s = tf.while_loop(lambda k, l, s: k < tf.minimum(b, a), pop,
+                                  (0, acc, tf.zeros([2])))
+        _, acc = tf.while_loop(lambda k, l: k < c + 4, push, (4, acc))   # values 4, 5, ...
+        size = list_ops.tensor_list_length(acc)
+        ta = tf.TensorArray(tf.float32, size=8, element_shape=[2])
+        _, ta = tf.while_loop(lambda k, ta: k < size, lambda k, ta: (
+            k + 1, ta.write(k, list_ops.tensor_list_get_item(acc, k, tf.float32))), (0, ta))
+        return size, s, ta.stack()
+    check_pfor(f, n, modes=("eager",))

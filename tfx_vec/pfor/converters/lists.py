@@ -262,9 +262,10 @@ def aligned_entry(w: RowCountedList, dtype: tf.DType) -> RowCountedList:
     would do)."""
     if w.shared or w.at_end:
         return w
-    empty = tf.equal(list_ops.tensor_list_length(w.t), 0)
-    buf, starts, ends = tf.cond(empty, lambda: (w.t, w.starts, w.ends),
-                                lambda: _realign(w, dtype, None))
+    empty = tf.equal(list_ops.tensor_list_length(w.t), 0)   # then every row is empty
+    buf, starts, ends = tf.cond(
+        empty, lambda: (w.t, tf.zeros_like(w.starts), tf.zeros_like(w.ends)),
+        lambda: _realign(w, dtype, None))
     return w.like(buf, starts, ends, aligned=True, at_end=True)
 
 
