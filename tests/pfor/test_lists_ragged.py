@@ -89,7 +89,8 @@ def test_push_then_pop_each_example_pops_its_own_last_element_first():
             l, e = list_ops.tensor_list_pop_back(l, tf.float32)
             return t + 1, l, s + e * tf.cast(t + 1, tf.float32)  # weights reveal the order
         _, acc, s = tf.while_loop(lambda t, l, s: t < length, pop, (0, acc, tf.zeros([D])))
-        return s, list_ops.tensor_list_length(acc)
+        return s, list_ops.tensor_list_length(acc), list_ops.tensor_list_element_shape(acc,
+                                                                                     tf.int32)
     check_pfor(f, N, modes=FAST)
 
 
@@ -122,11 +123,12 @@ def test_loop_invariant_pushes_share_elements_until_a_per_iteration_push():
         _, acc = tf.while_loop(lambda t, l: t < length, lambda t, l: (
             t + 1, list_ops.tensor_list_push_back(l, tf.gather(table, t))), (0, acc))
         shared_last = list_ops.tensor_list_get_item(acc, length - 1, tf.float32)
+        shape = list_ops.tensor_list_element_shape(acc, tf.int32)
         prefix = list_ops.tensor_list_gather(acc, [0], tf.float32)     # the same in every row
         _, acc = tf.while_loop(lambda k, l: k < 2, lambda k, l: (
             k + 1, list_ops.tensor_list_push_back(l, tf.gather(SEQS[1], i) * 3.0)), (0, acc))
         n = list_ops.tensor_list_length(acc)
-        return (shared_last, prefix, n, list_ops.tensor_list_get_item(acc, n - 1, tf.float32),
+        return (shared_last, prefix, shape, n, list_ops.tensor_list_get_item(acc, n - 1, tf.float32),
                 list_ops.tensor_list_get_item(acc, length - 1, tf.float32))
     check_pfor(f, N, modes=FAST)
 
@@ -304,4 +306,30 @@ def test_random_push_pop_push_programs_per_example(n, seed):
         _, ta = tf.while_loop(lambda k, ta: k < size, lambda k, ta: (
             k + 1, ta.write(k, list_ops.tensor_list_get_item(acc, k, tf.float32))), (0, ta))
         return size, s, ta.stack()
+    check_pfor(f, n, modes=("eager",))
+
+
+@settings(max_examples=3)
+@given(n=st.integers(1, 5), seed=st.integers(0, 2**16), stride=st.integers(1, 2),
+       dynamic=st.booleans())
+def test_random_tensor_array_writes_with_gaps_and_rewrites(n, seed, stride, dynamic):
+    """Per-example numbers of writes at per-step positions (gaps when ``stride`` is 2, which
+    a dynamic array fills with zeros), then read-modify-writes in a loop of another length."""
+    rng = np.random.default_rng(seed)
+    vals = tf.constant(random_array(rng, [n, 8, 2], np.float32))
+    counts = tf.constant(rng.integers(0, 4, size=[n, 2]).astype(np.int32))
+
+    def f(i):
+        v, (a, b) = tf.gather(vals, i), tf.unstack(tf.gather(counts, i))
+        ta = tf.TensorArray(tf.float32, size=0 if dynamic else 8, dynamic_size=dynamic,
+                            element_shape=[2], clear_after_read=False)
+        _, ta = tf.while_loop(lambda t, ta: t < a, lambda t, ta: (
+            t + 1, ta.write(stride * t, tf.gather(v, t))), (0, ta))
+        _, ta = tf.while_loop(lambda t, ta: t < tf.minimum(b, ta.size()), lambda t, ta: (
+            t + 1, ta.write(t, tf.gather(v, t + 4) + ta.read(t))), (0, ta))
+        size = ta.size()
+        out = tf.TensorArray(tf.float32, size=8, element_shape=[2])
+        _, out = tf.while_loop(lambda k, o: k < size, lambda k, o: (k + 1, o.write(k, ta.read(k))),
+                               (0, out))
+        return size, out.stack()
     check_pfor(f, n, modes=("eager",))

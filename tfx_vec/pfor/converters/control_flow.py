@@ -38,6 +38,7 @@ from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 from tfx_vec.pfor.converters._helpers import create_op_like
 from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, aligned_entry,
                                            counted_parts, handle_dtype, layout_of,
+                                           list_element_shape,
                                            restore_shapes, slice_counted, stack_like)
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
@@ -380,7 +381,7 @@ class _While:
                     w = RowCountedList(*counted_parts(w, self.n, o), at_end=True)
                 elif w.shared:
                     w = RowCountedList(*counted_parts(w, self.n, o))
-                w = aligned_entry(w, handle_dtype(o))
+                w = aligned_entry(w, handle_dtype(o), list_element_shape(o))
                 flat.extend([w.t, w.starts, w.ends])
             elif self.counted[i]:
                 flat.extend(counted_parts(w, self.n, o, self.counted[i])[:3])

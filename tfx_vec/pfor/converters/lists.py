@@ -75,7 +75,7 @@ def _static_element_shape(shape: tf.Tensor):
     return _static_shape(shape)
 
 
-def _list_element_shape(handle: tf.Tensor):
+def list_element_shape(handle: tf.Tensor) -> tf.TensorShape | None:
     """Per-iteration element shape from a list's handle data (None when unknown)."""
     try:
         data = handle_data_util.get_resource_handle_data(handle)
@@ -110,7 +110,7 @@ def tile_list(handle: tf.Tensor, n: tf.Tensor, dtype: tf.DType,
     if fresh:
         return list_ops.tensor_list_reserve(tf.constant(-1, tf.int32), length, dtype)
     if element_shape is None:
-        static = _list_element_shape(handle)
+        static = list_element_shape(handle)
         element_shape = (tf.constant(static.as_list(), tf.int32) if static is not None
                          else tf.constant(-1, tf.int32))
     dense = list_ops.tensor_list_stack(handle, dtype, element_shape=element_shape)
@@ -255,17 +255,22 @@ def layout_of(w: WrappedTensor) -> tuple[int, bool, bool, bool]:
     return w.layout if isinstance(w, RowCountedList) else (UNCOUNTED, False, False, False)
 
 
-def aligned_entry(w: RowCountedList, dtype: tf.DType) -> RowCountedList:
+def aligned_entry(w: RowCountedList, dtype: tf.DType,
+                  element_shape: tf.TensorShape | None = None) -> RowCountedList:
     """``w`` with its rows' ends aligned at the buffer's end (a loop over a list whose rows
     hold different counts -- a gradient loop over its forward loop's accumulators -- then
     pops and pushes with no run-time layout test; the realignment is what its first pop
-    would do)."""
+    would do; ``element_shape``: per iteration, needed when some elements are unset)."""
     if w.shared or w.at_end:
         return w
+    shape = None
+    if element_shape is not None and element_shape.is_fully_defined():
+        shape = tf.concat([tf.reshape(_n_rows(w), [1]),
+                           tf.constant(element_shape.as_list(), tf.int32)], 0)
     empty = tf.equal(list_ops.tensor_list_length(w.t), 0)   # then every row is empty
     buf, starts, ends = tf.cond(
         empty, lambda: (w.t, tf.zeros_like(w.starts), tf.zeros_like(w.ends)),
-        lambda: _realign(w, dtype, None))
+        lambda: _realign(w, dtype, shape))
     return w.like(buf, starts, ends, aligned=True, at_end=True)
 
 
@@ -638,6 +643,9 @@ def _length(x: ConversionInput):
 
 @list_converter("TensorListElementShape", counted=True)
 def _element_shape(x: ConversionInput):
+    static = list_element_shape(x.op.inputs[0])  # the list's own, when known (a stacked
+    if static is not None:                       # list built anew may have forgotten it)
+        return [_out(tf.constant(static.as_list(), x.attr("shape_type")), False)]
     if isinstance(x.inputs[0], RowCountedList) and x.inputs[0].shared:  # per-iteration elements
         return [_out(list_ops.tensor_list_element_shape(x.inputs[0].t, x.attr("shape_type")),
                      False)]
