@@ -422,7 +422,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       seed: seed for steps that are not given one (stateless; carried in the kernel results).
       scheduler: block selection of the program-counter runtime: ``"earliest"`` (the paper's;
         members gather at the gradient, the last block) or ``"sweep_guarded"`` (every block
-        once per loop step, skipped when no member waits: fewer loop steps, often faster),
+        once per loop step, skipped when no member waits: fewer loop steps, but the gradient
+        runs for fewer members at a time; which is faster depends on the gradient's cost),
         ``"most_active"``, ``"sweep"``.
 
     Example:
