@@ -307,27 +307,24 @@ def _owned(v: tf.Tensor, rows: tf.Tensor | None) -> tf.Tensor:
     return v if rows is None else tf.gather(v, rows)
 
 
-def _to_buffer_rows(values: tf.Tensor, rows: tf.Tensor | None, n_rows: tf.Tensor) -> tf.Tensor:
+def _to_buffer_rows(x: ConversionInput, values: tf.Tensor, rows: tf.Tensor | None,
+                    n_rows: tf.Tensor) -> tf.Tensor:
     """``[m, ...]`` values of the owned rows -> ``[N, ...]`` (zeros elsewhere: junk rows)."""
     if rows is None:
         return values
     # A gather from the values plus one zero row (CPU ScatterNd is several times slower);
-    # the gather indices are made once per graph and owned rows (one per loop step).
+    # the gather indices are made once per graph and owned rows (one per loop step), in a
+    # cache that lives as long as the conversion.
     graph = tf.compat.v1.get_default_graph()
     context = graph._get_control_flow_context()  # pylint: disable=protected-access
     key = (rows.ref(), n_rows.ref() if isinstance(n_rows, tf.Tensor) else n_rows, id(context))
-    source = _ROW_SOURCES.get(key)
+    cache = x.vectorizer.__dict__.setdefault("_tfx_vec_row_sources", {})
+    source = cache.get(key)
     if source is None or source.graph is not graph:
-        if len(_ROW_SOURCES) > 4096:
-            _ROW_SOURCES.clear()
         m = tf.size(rows)
-        source = _ROW_SOURCES[key] = tf.tensor_scatter_nd_update(
+        source = cache[key] = tf.tensor_scatter_nd_update(
             tf.fill(tf.reshape(n_rows, [1]), m), tf.expand_dims(rows, 1), tf.range(m))
     return tf.gather(tf.concat([values, tf.zeros_like(values[:1])], 0), source)
-
-
-#: (owned rows, buffer rows) -> the gather indices of :func:`_to_buffer_rows`, per graph.
-_ROW_SOURCES: dict = {}
 
 
 def _add_owned(v: tf.Tensor, rows: tf.Tensor | None, delta: tf.Tensor) -> tf.Tensor:
@@ -393,7 +390,7 @@ def _check(x: ConversionInput, ok: tf.Tensor, message: str, *data) -> list:
 
 def _counted_push(x: ConversionInput, w: RowCountedList, item: tf.Tensor) -> RowCountedList:
     dtype, rows, n_rows = _dtype(x), w.rows, _n_rows(w)
-    full = _to_buffer_rows(item, rows, n_rows)
+    full = _to_buffer_rows(x, item, rows, n_rows)
     shape = _element_shape_of(item, rows, n_rows)
     if w.at_end:
         buf, starts, ends = w.t, w.starts, w.ends
@@ -494,7 +491,7 @@ def _counted_set(x: ConversionInput, w: RowCountedList, index: tf.Tensor, item: 
         gap = (grid >= w.ends[:, None]) & (grid < full_pos[:, None])  # unset: zeros
         extra = tf.ones([tf.rank(dense) - 2], tf.int32)
         as_mask = lambda m: tf.reshape(m, tf.concat([tf.shape(m), extra], 0))
-        value = tf.expand_dims(_to_buffer_rows(item, rows, n_rows), 1)
+        value = tf.expand_dims(_to_buffer_rows(x, item, rows, n_rows), 1)
         dense = tf.where(as_mask(write), value, tf.where(as_mask(gap), tf.zeros_like(dense),
                                                          dense))
         return _from_dense(dense)
