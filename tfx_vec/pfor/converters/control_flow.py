@@ -10,8 +10,10 @@
   point (a loop-invariant variable becomes stacked when the body makes it loop-variant).  A
   loop-invariant condition keeps one ``tf.while_loop`` over the vectorized body.  A loop-variant
   condition gives one ``tf.while_loop`` that tracks the still-active iterations: each step
-  evaluates the vectorized condition on them, writes the finished ones' values into
-  per-iteration ``TensorArray``s and runs the vectorized body on the rest.
+  runs the vectorized body on them, evaluates the vectorized condition and writes the
+  finished ones' values into per-iteration ``TensorArray``s.  TensorLists it carries are not
+  compacted: they get per-row element counts (``lists.RowCountedList``) and the body reaches
+  the active rows through their indices (under XLA such loops run per iteration).
 - ``PartitionedCall``/``StatefulPartitionedCall`` (a ``tf.function`` called from the body):
   the function body is vectorized inline.
 - Under ``tf.function(jit_compile=True)`` (or the vectorizer's ``xla`` option), where the
