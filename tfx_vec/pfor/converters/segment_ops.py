@@ -82,6 +82,15 @@ def guarded(tensors: Sequence[tf.Tensor], checks: Sequence[tf.Operation]) -> lis
         return [tf.identity(t) for t in tensors]
 
 
+def split_checked(x: ConversionInput, outs: Sequence[tf.Tensor],
+                  checks: Sequence[tf.Operation]) -> list[WrappedTensor]:
+    """Split each output of an op run on iteration-folded inputs back by iteration, *after*
+    the run-time ``checks``: the split's reshape fails when iterations differ, and unless it
+    waits for the checks it can fail first, with TF's bare shape error instead of ours."""
+    outs = guarded(outs, checks)
+    return stacked(*[split_leading(o, x.loop_len, like) for o, like in zip(outs, x.op.outputs)])
+
+
 def flatten_rows(t: tf.Tensor) -> tf.Tensor:
     """``[n, m, ...] -> [n*m, ...]``."""
     return fold_batch(t)[0]
@@ -106,7 +115,7 @@ def _segment(x: ConversionInput):
     data = flatten_rows(x.stacked_input(0))
     ids = tf.reshape(offset_ids(x.stacked_input(1), num), [-1])
     out = create_op_like(x.op, [data, ids])[0]
-    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
+    return split_checked(x, [out], checks)
 
 
 @converter("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
@@ -144,7 +153,7 @@ def _sparse_segment(x: ConversionInput):
     ids = tf.reshape(offset_ids(x.stacked_input(2), num), [-1])
     extra = [num * tf.cast(x.loop_len, num.dtype)] if with_num else []
     out = create_op_like(x.op, [data_t, tf.reshape(indices, [-1]), ids] + extra)[0]
-    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
+    return split_checked(x, [out], checks)
 
 
 @converter("SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad")
@@ -214,7 +223,7 @@ def _dynamic_stitch(x: ConversionInput):
     indices = [offset_ids(x.stacked_input(j), num) for j in range(k)]
     data = [x.stacked_input(k + j) for j in range(k)]
     out = create_op_like(x.op, indices + data)[0]
-    return stacked(*guarded([split_leading(out, x.loop_len, x.op.outputs[0])], checks))
+    return split_checked(x, [out], checks)
 
 
 @converter("DynamicPartition")
@@ -227,8 +236,7 @@ def _dynamic_partition(x: ConversionInput):
         flat = tf.reshape(partitions.t, tf.stack([tf.shape(partitions.t)[0], -1]))
         counts = tf.reduce_sum(tf.one_hot(flat, num_partitions, dtype=tf.int32), axis=1)
         checks.append(check_rows_equal(x, counts, "the size of a partition"))
-    split = [split_leading(o, x.loop_len, like) for o, like in zip(outs, x.op.outputs)]
-    return stacked(*guarded(split, checks))
+    return split_checked(x, outs, checks)
 
 
 def _bincount_size(x: ConversionInput) -> tuple[tf.Tensor, list]:
@@ -268,6 +276,7 @@ def _dense_bincount(x: ConversionInput):
         weights = fold_batch(weights)[0] if has_weights else weights
     out = tf.raw_ops.DenseBincount(input=arr, size=size, weights=weights,
                                    binary_output=x.attr("binary_output"))
-    return stacked(*guarded([out if lead is None else unfold_batch(out, lead)], checks))
+    out = guarded([out], checks)[0]  # before unfold_batch's reshape (see split_checked)
+    return stacked(out if lead is None else unfold_batch(out, lead))
 
 # }}}
