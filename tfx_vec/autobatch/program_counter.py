@@ -373,6 +373,27 @@ class _Machine:
 
         xla = _in_xla_context()
 
+        # Under XLA a switch_case copies every output each step; per-block loop guards do not,
+        # but cost a loop per block: worth it once some block writes a stack or wide values
+        # (fib 77 -> 21 ms, NUTS 283 -> 97 ms per step call), not for scalar-only programs
+        # (Collatz 1.6 -> 1.9 ms), which keep the switch (with no stack to write).
+        loop_guards = xla and any(self.worth_guarding(i) for i in range(self.halt))
+        writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
+        writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
+                        for v in self.stacks})
+
+        def apply_if_written(nxt, big, writes):
+            """Scatter the chosen block's writes into the stacks it writes (a TF graph: a
+            ``tf.cond`` skips the others' scatters for free)."""
+            def maybe(key, stack, write):
+                if not writers[key]:
+                    return stack
+                ran = tf.reduce_any(tf.equal(nxt, writers[key]))
+                return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
+            return {"pc_stack": maybe(None, big["pc_stack"], writes["pc_stack"]),
+                    "stack": {v: maybe(v, big["stack"][v], writes["stack"][v])
+                              for v in self.stacks}}
+
         def guarded(i, small, big, runs):
             """Block ``i`` for the members waiting at it, only where ``runs(pc)`` (a scalar)
             holds.  Under XLA a loop of 0 or 1 trips that carries just what the block can
@@ -422,27 +443,6 @@ class _Machine:
                 lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
-
-        # Under XLA a switch_case copies every output each step; per-block loop guards do not,
-        # but cost a loop per block: worth it once some block writes a stack or wide values
-        # (fib 77 -> 21 ms, NUTS 283 -> 97 ms per step call), not for scalar-only programs
-        # (Collatz 1.6 -> 1.9 ms), which keep the switch (with no stack to write).
-        loop_guards = xla and any(self.worth_guarding(i) for i in range(self.halt))
-        writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
-        writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
-                        for v in self.stacks})
-
-        def apply_if_written(nxt, big, writes):
-            """Scatter the chosen block's writes into the stacks it writes (a TF graph: a
-            ``tf.cond`` skips the others' scatters for free)."""
-            def maybe(key, stack, write):
-                if not writers[key]:
-                    return stack
-                ran = tf.reduce_any(tf.equal(nxt, writers[key]))
-                return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
-            return {"pc_stack": maybe(None, big["pc_stack"], writes["pc_stack"]),
-                    "stack": {v: maybe(v, big["stack"][v], writes["stack"][v])
-                              for v in self.stacks}}
 
         def cond(steps, small, big):
             return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
