@@ -500,18 +500,24 @@ def _counted_set(x: ConversionInput, w: RowCountedList, index: tf.Tensor, item: 
     return w.like(out, w.starts, _set_owned(w.ends, rows, new_ends))
 
 
+def _every_index(x: ConversionInput, lens: tf.Tensor) -> tf.Tensor:
+    """``range(K)``, the indices of every element of each owned row, after a run-time check
+    that every row holds the same ``K`` (``lens``: the owned rows' element counts)."""
+    same, k = _agree(lens)
+    checks = _check(x, same, "per-iteration lists have different lengths, so their stacked "
+                    "results differ across iterations (a ragged result cannot be stacked); "
+                    "per-iteration lengths:", lens)
+    with tf.control_dependencies(checks):
+        return tf.range(k)
+
+
 def _counted_stack(x: ConversionInput, w: RowCountedList, shape, indices=None) -> tf.Tensor:
     """``[m, K, *S]``: each owned row's elements (``indices``: ``[K]`` or ``[m, K]``, else
     all of them, which must be equally many in every row)."""
     dtype, rows = _dtype(x), w.rows
     starts, lens = _owned(w.starts, rows), _owned(w.ends - w.starts, rows)
     if indices is None:
-        same, k = _agree(lens)
-        checks = _check(x, same, "per-iteration lists have different lengths, so their "
-                        "stacked results differ across iterations (a ragged result cannot be "
-                        "stacked); per-iteration lengths:", lens)
-        with tf.control_dependencies(checks):
-            indices = tf.range(k)
+        indices = _every_index(x, lens)
         pos = starts[:, None] + indices[None, :]
     else:
         indices = tf.cast(indices, tf.int32)
@@ -578,12 +584,7 @@ def _shared_elements(x: ConversionInput, w: RowCountedList, indices: tf.Tensor |
     when every row reads the same elements."""
     lens = _owned(w.ends - w.starts, w.rows)
     if indices is None:
-        same, k = _agree(lens)
-        checks = _check(x, same, "per-iteration lists have different lengths, so their "
-                        "stacked results differ across iterations (a ragged result cannot be "
-                        "stacked); per-iteration lengths:", lens)
-        with tf.control_dependencies(checks):
-            indices = tf.range(k)
+        indices = _every_index(x, lens)
     indices = tf.cast(indices, tf.int32)
     wide = indices if indices.shape.rank == 2 else indices[None, :]
     checks = _check(x, tf.reduce_all((wide >= 0) & (wide < lens[:, None])),
