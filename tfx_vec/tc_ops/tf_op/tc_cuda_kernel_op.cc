@@ -30,15 +30,7 @@
 
 using namespace tensorflow;  // NOLINT
 
-REGISTER_OP("TcCudaKernel")
-    .Input("inputs: Tin")
-    .Output("outputs: Tout")
-    .Attr("Tin: list(type) >= 0")
-    .Attr("Tout: list(type) >= 1")
-    .Attr("input_shapes: list(shape)")
-    .Attr("output_shapes: list(shape)")
-    // The TC's name (for messages).
-    .Attr("entry: string")
+REGISTER_OP("TcCudaKernel") TFX_VEC_TC_OP_SIGNATURE
     // PTX (or a cubin/fatbin image) for cuModuleLoadData.
     .Attr("module: string")
     // Launched in this order; grid and block hold (x, y, z) per kernel.
@@ -46,10 +38,7 @@ REGISTER_OP("TcCudaKernel")
     .Attr("grid: list(int)")
     .Attr("block: list(int)")
     // Bytes of each TC temporary (passed after the outputs).
-    .Attr("temp_bytes: list(int) = []")
-    // Names the Python-side gradient (a backward TC) of this op; unused by the kernel.
-    .Attr("grad_key: string = ''")
-    .SetShapeFn(tfx_vec_tc::OutputShapesFromAttr);
+    .Attr("temp_bytes: list(int) = []");
 
 namespace {
 

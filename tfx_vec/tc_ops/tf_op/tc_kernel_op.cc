@@ -27,21 +27,11 @@
 
 using namespace tensorflow;  // NOLINT
 
-REGISTER_OP("TcKernel")
-    .Input("inputs: Tin")
-    .Output("outputs: Tout")
-    .Attr("Tin: list(type) >= 0")
-    .Attr("Tout: list(type) >= 1")
-    .Attr("input_shapes: list(shape)")
-    .Attr("output_shapes: list(shape)")
-    .Attr("entry: string")
+REGISTER_OP("TcKernel") TFX_VEC_TC_OP_SIGNATURE
     .Attr("source: string")
     .Attr("source_hash: string")
     .Attr("compiler: string = 'cc'")
-    .Attr("compile_flags: string = '-O3 -fPIC -shared'")
-    // Names the Python-side gradient (a backward TC) of this op; unused by the kernel.
-    .Attr("grad_key: string = ''")
-    .SetShapeFn(tfx_vec_tc::OutputShapesFromAttr);
+    .Attr("compile_flags: string = '-O3 -fPIC -shared'");
 
 namespace {
 

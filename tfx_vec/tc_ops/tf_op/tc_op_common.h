@@ -11,6 +11,21 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+// The signature every TC op has (inputs, outputs, their shapes, the TC's name for messages,
+// the Python-side gradient's key, the shape function); each op appends its own attributes:
+//   REGISTER_OP("TcKernel") TFX_VEC_TC_OP_SIGNATURE .Attr("source: string") ...;
+#define TFX_VEC_TC_OP_SIGNATURE                                                            \
+  .Input("inputs: Tin")                                                                    \
+      .Output("outputs: Tout")                                                             \
+      .Attr("Tin: list(type) >= 0")                                                        \
+      .Attr("Tout: list(type) >= 1")                                                       \
+      .Attr("input_shapes: list(shape)")                                                   \
+      .Attr("output_shapes: list(shape)")                                                  \
+      .Attr("entry: string")                                                               \
+      /* Names the Python-side gradient (a backward TC) of this op; unused by the kernel. */ \
+      .Attr("grad_key: string = ''")                                                       \
+      .SetShapeFn(tfx_vec_tc::OutputShapesFromAttr)
+
 namespace tfx_vec_tc {
 
 // Output i has shape output_shapes[i].
