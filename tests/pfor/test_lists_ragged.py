@@ -165,11 +165,17 @@ def test_tensor_array_of_loop_variant_size():
     check_pfor(f, N, modes=FAST)
 
 
+def _filled_per_example(lengths, i):
+    """A TensorArray that iteration ``i``'s while loop fills with ``lengths[i]`` rows."""
+    ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[D])
+    _, ta = tf.while_loop(lambda t, ta: t < tf.gather(lengths, i),
+                          lambda t, ta: (t + 1, ta.write(t, tf.gather(SEQS[0], t))), (0, ta))
+    return ta
+
+
 def test_ragged_stack_is_a_clear_error():
     def f(i):
-        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[D])
-        _, ta = tf.while_loop(lambda t, ta: t < tf.gather(LENS, i),
-                              lambda t, ta: (t + 1, ta.write(t, tf.gather(SEQS[0], t))), (0, ta))
+        ta = _filled_per_example(LENS, i)
         return ta.stack()
     with pytest.raises(tfx_vec.VectorizationError,
                        match=r"TensorListStack \(created at .*test_lists_ragged.py:\d+\).*ragged"):
@@ -261,9 +267,7 @@ def test_random_shapes_and_lengths_per_example_gradients(n, t, d, seed):
 
 def test_write_past_an_examples_own_length_is_a_clear_error():
     def f(i):
-        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[D])
-        _, ta = tf.while_loop(lambda t, ta: t < tf.gather(LENS_POS, i),
-                              lambda t, ta: (t + 1, ta.write(t, tf.gather(SEQS[0], t))), (0, ta))
+        ta = _filled_per_example(LENS_POS, i)
         return ta.read(2)   # beyond the lists of the examples of length 1 and 2
     with pytest.raises(tfx_vec.VectorizationError, match=r"TensorListGetItem.*out of range"):
         tfx_vec.pfor(f, N, fallback_to_while_loop=False)
@@ -271,9 +275,7 @@ def test_write_past_an_examples_own_length_is_a_clear_error():
 
 def test_list_op_without_per_row_counts_support_is_a_clear_error():
     def f(i):
-        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[D])
-        _, ta = tf.while_loop(lambda t, ta: t < tf.gather(LENS_POS, i),
-                              lambda t, ta: (t + 1, ta.write(t, tf.gather(SEQS[0], t))), (0, ta))
+        ta = _filled_per_example(LENS_POS, i)
         return ta.concat()
     with pytest.raises(tfx_vec.VectorizationError,
                        match=r"TensorListConcatV2.*different numbers of elements"):
