@@ -114,15 +114,22 @@ def test_one_gradient_block_and_it_is_last():
     boundaries are no function calls (one loop of doublings, recursion only in build_tree);
     the blocks are laid out continuations first."""
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=0.3)
-    program = kernel._program(nuts._StateSpec(_two_part_state()), batched=True).lowered()
-    gradient_blocks = [i for i, b in enumerate(program.blocks) for op in b.ops
-                       if isinstance(op, ir.Primitive) and "leaf(" in op.text]
-    assert gradient_blocks == [len(program.blocks) - 1]
-    assert set(program.entries) == {"run_trajectories", "build_tree"}
-    # continuations_first layout: members returning from a subtree (climbing) run before
-    # build_tree's entry, where members descend
-    tree = [i for i, owner in enumerate(program.owners) if owner == "build_tree"]
-    assert program.entries["build_tree"] > tree[0]
+    state = _two_part_state()
+    fn = kernel._program(nuts._StateSpec(state), batched=True)
+    kernel.one_step(state, kernel.bootstrap_results(state), seed=(1, 2))
+    # the program as declared, and as run for this signature (per-member scalar blocks merged)
+    as_run = [p for p in fn._compiled.values() if isinstance(p, tuple)]
+    assert len(as_run) == 1
+    for program in (fn.lowered(), as_run[0][1]):
+        gradient_blocks = [i for i, b in enumerate(program.blocks) for op in b.ops
+                           if isinstance(op, ir.Primitive) and "leaf(" in op.text]
+        assert gradient_blocks == [len(program.blocks) - 1]
+        assert set(program.entries) == {"run_trajectories", "build_tree"}
+        # continuations_first layout: members returning from a subtree (climbing) run before
+        # build_tree's entry, where members descend
+        tree = [i for i, owner in enumerate(program.owners) if owner == "build_tree"]
+        assert program.entries["build_tree"] > tree[0]
+    assert len(as_run[0][1].blocks) < len(fn.lowered().blocks)
 
 
 def test_divergence_is_flagged_and_state_kept():

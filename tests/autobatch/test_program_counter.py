@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.autobatch.programs import fib, reference
+from tests.autobatch.programs import collatz, fib, reference
 from tfx_vec import autobatch as ab
+from tfx_vec.autobatch.program_counter import _Traced
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -53,10 +54,24 @@ def test_utilization_counters(scheduler):
     assert (runs <= st.steps.numpy()).all() and (members >= runs).all() and runs[0] > 0
 
 
+@pytest.mark.parametrize("scheduler", ["earliest", "sweep", "sweep_guarded"])
+def test_an_entry_nothing_returns_to_runs_once_before_the_loop(scheduler):
+    # collatz's entry (steps = 0, first loop test) is reached only at the start: it runs once,
+    # for every member, outside the loop; fib's entry is a call target and stays in the loop.
+    n = tf.constant(np.random.default_rng(11).integers(1, 40, size=9), tf.int32)
+    np.testing.assert_array_equal(collatz(n, scheduler=scheduler, utilization=True),
+                                  reference(collatz, n))
+    st = collatz.last_status
+    entry = collatz._compiled[next(k for k, v in collatz._compiled.items()
+                                   if isinstance(v, tuple))][1].entries["collatz"]
+    assert st.block_runs.numpy()[entry] == 1 and st.block_members.numpy()[entry] == 9
+    fib(tf.constant([3, 5]), scheduler=scheduler, utilization=True)
+    assert fib.last_status.block_runs.numpy()[fib.lowered().entries["fib"]] > 1
+
+
 def test_eager_calls_reuse_one_trace_per_signature():
     def traces():
-        return [f for f in fib._compiled.values()
-                if isinstance(f, tf.types.experimental.ConcreteFunction)]
+        return [f.concrete for f in fib._compiled.values() if isinstance(f, _Traced)]
     fib(tf.constant([3, 4, 1]), jit_compile=True)
     first = traces()
     for values in ([5, 6, 2], [1, 1, 9]):

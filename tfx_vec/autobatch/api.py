@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import io
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
@@ -61,7 +61,7 @@ class AutobatchFunction:
                             runtime=runtime, jit_compile=jit_compile, scheduler=scheduler,
                             gather=False, xla_blocks=False, utilization=False)
         self._program: ir.Program | None = None
-        self._lowered: ir.Program | None = None
+        self._lowered: dict[frozenset | None, ir.Program] = {}
         self._compiled: dict[Any, Any] = {}
         # program_counter.Status of the last eager program-counter call (utilization counters).
         self.last_status: Any = None
@@ -72,12 +72,21 @@ class AutobatchFunction:
             self._program = frontend.compile_program(self)
         return self._program
 
-    def lowered(self) -> ir.Program:
-        """The optimized stack-machine program (the whole pass pipeline, cached)."""
-        if self._lowered is None:
+    def lowered(self, types: Mapping[str, Any] | None = None) -> ir.Program:
+        """The optimized stack-machine program (the whole pass pipeline, cached).
+
+        ``types`` (qualified variable -> spec structure, for one input signature) lets the
+        block-merging pass merge blocks of per-member scalar code; without them it is skipped.
+        """
+        scalars = None if types is None else frozenset(
+            v for v, spec in types.items()
+            if all(s.shape.rank == 1 for s in tf.nest.flatten(spec)))
+        if scalars not in self._lowered:
             from .passes import pipeline
-            self._lowered = pipeline(self.program(), block_layout=self.block_layout)
-        return self._lowered
+            self._lowered[scalars] = pipeline(
+                self.program(), block_layout=self.block_layout,
+                cheap=None if scalars is None else scalars.__contains__)
+        return self._lowered[scalars]
 
     def unbatched(self, *args: Any) -> Any:
         """The definitional reference: plain Python, eager, batched calls inside included.
@@ -109,7 +118,7 @@ class AutobatchFunction:
                                     jit_cache=self._compiled.setdefault("local_static_xla", {}))
         if runtime == "numpy":
             from . import numpy_backend
-            return numpy_backend.run(self.program(), self.lowered(), args,
+            return numpy_backend.run(self.program(), self.lowered, args,
                                      max_stack_depth=opts["max_stack_depth"],
                                      max_steps=opts["max_steps"])
         if runtime == "program_counter":
@@ -124,15 +133,27 @@ def function(fn: Callable | None = None, **options: Any) -> Any:
     See :class:`AutobatchFunction` for the options.
     """
     if fn is None:
-        return lambda f: AutobatchFunction(f, **options)
+        return lambda f: function(f, **options)
+    if isinstance(fn, AutobatchFunction):  # re-decorating: new options, same Python function
+        fn = fn._autobatch_python_fn
     return AutobatchFunction(fn, **options)
 
 
-def describe(fn: AutobatchFunction, file: Any = None) -> str:
-    """Print (and return) blocks, variables and allocation classes and the passes applied."""
+def describe(fn: AutobatchFunction, *example_args: Any, file: Any = None) -> str:
+    """Print (and return) blocks, variables and allocation classes and the passes applied.
+
+    With example arguments, the program for their input signature (blocks of per-member
+    scalar code merged, see :mod:`.passes.merge_blocks`), as the program-counter runtime
+    runs it.
+    """
     if not isinstance(fn, AutobatchFunction):
         raise AutobatchError(f"describe expects an ab.function, got {type(fn).__name__}")
-    p = fn.lowered()
+    types = None
+    if example_args:
+        from .types import infer_types, qualified_types, spec_of
+        types = qualified_types(infer_types(fn.program(), tuple(
+            spec_of(tf.nest.map_structure(tf.convert_to_tensor, a)) for a in example_args)))
+    p = fn.lowered(types)
     out = io.StringIO()
     out.write(ir.format_program(p) + "\n")
     out.write("variables:\n")

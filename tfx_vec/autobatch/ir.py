@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["Primitive", "Call", "Push", "Pop", "Update", "Peek", "Jump", "Branch", "Return",
            "PushJump", "Block", "Function", "Program", "TEMPORARY", "REGISTER", "STACK",
-           "format_function", "format_program", "reads", "writes", "successors"]
+           "format_function", "format_program", "reads", "writes", "successors", "when_mask"]
 
 TEMPORARY, REGISTER, STACK = "temporary", "register", "stack"
 
@@ -42,13 +42,16 @@ class Primitive:
     ``fn`` takes one value per input (a structure of batched tensors) and returns a tuple with
     one value per output.  It is run on the whole batch (or on the gathered active members);
     the runtime masks or scatters its results.  ``text`` is the source it came from, ``loc``
-    its ``file:line``.
+    its ``file:line``.  ``when`` (stack-machine IR, from :mod:`.passes.merge_blocks`):
+    ``(condition variable, polarity)`` pairs; the outputs are written only for members where
+    every condition has its polarity (an if-converted branch arm).
     """
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     fn: Callable[..., tuple] = dataclasses.field(compare=False)
     text: str = ""
     loc: str = ""
+    when: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +189,7 @@ class Program:
 def reads(op: Op) -> tuple[str, ...]:
     """Variables whose current value ``op`` reads (stack traffic counts as a read for Push)."""
     if isinstance(op, Primitive):
-        return op.inputs
+        return op.inputs + tuple(dict.fromkeys(c for c, _ in op.when))
     if isinstance(op, Call):
         return op.args
     if isinstance(op, (Push, Update)):
@@ -203,6 +206,18 @@ def writes(op: Op) -> tuple[str, ...]:
     if isinstance(op, (Pop, Peek)):
         return (op.var,)
     return ()
+
+
+def when_mask(op: Primitive, read: Callable[[str], Any], both: Callable[[Any, Any], Any]) -> Any:
+    """Where an if-converted primitive writes (see ``Primitive.when``), or None: everywhere.
+
+    ``read`` gives a condition variable as booleans, ``both`` is elementwise *and* (the
+    runtimes pass TF's or NumPy's)."""
+    mask = None
+    for c, polarity in op.when:
+        m = read(c) if polarity else ~read(c)
+        mask = m if mask is None else both(mask, m)
+    return mask
 
 
 def _terminator_reads(t: Any) -> tuple[str, ...]:
@@ -234,7 +249,9 @@ def successors(t: Any) -> tuple[int, ...]:
 def format_op(op: Op) -> str:
     if isinstance(op, Primitive):
         outs = ", ".join(op.outputs) or "_"
-        return f"{outs} = prim({', '.join(op.inputs)})  # {op.text}"
+        when = " and ".join(c if polarity else f"not {c}" for c, polarity in op.when)
+        return f"{outs} = prim({', '.join(op.inputs)}){' when ' + when if when else ''}" \
+            f"  # {op.text}"
     if isinstance(op, Call):
         return f"{op.output} = call {op.callee}({', '.join(op.args)})"
     return f"{type(op).__name__.lower()} {op.var}"

@@ -19,7 +19,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -46,11 +46,13 @@ def _zeros(spec: Any, leading: tuple = ()) -> Any:
 
 
 @tf.autograph.experimental.do_not_convert
-def run(program: ir.Program, lowered: ir.Program, args: Sequence[Any], *,
-        max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
-    """Run ``lowered`` (from ``program``) on batched ``args``; returns NumPy arrays."""
+def run(program: ir.Program, lower: Callable[[Mapping[str, Any]], ir.Program],
+        args: Sequence[Any], *, max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
+    """Run ``program`` on batched ``args``; returns NumPy arrays.  ``lower(types)`` gives its
+    stack-machine form for the arguments' types (``AutobatchFunction.lowered``)."""
     args = tuple(_np(a) for a in args)
     types = qualified_types(infer_types(program, tuple(spec_of(a) for a in args)))
+    lowered = lower(types)
     batch = tf.nest.flatten(args)[0].shape[0]
     depth, halt = max_stack_depth, len(lowered.blocks)
     alloc = lowered.allocation
@@ -82,11 +84,15 @@ def run(program: ir.Program, lowered: ir.Program, args: Sequence[Any], *,
                                              temps[v] if v in temps else vals[v])
                        for v in op.inputs]
                 outs = _np(run_primitive(op, ins, batch))
+                when = ir.when_mask(op, lambda c: np.asarray(
+                    temps[c] if c in temps else vals[c]).astype(bool), np.logical_and)
                 for v, new in zip(op.outputs, outs):
                     if alloc[v] == ir.TEMPORARY:
-                        temps[v] = new
+                        temps[v] = new if when is None or v not in temps else _select(
+                            when, new, temps[v])
                     else:
-                        vals[v] = _select(active, new, vals[v])
+                        vals[v] = _select(active if when is None else active & when, new,
+                                          vals[v])
             elif isinstance(op, ir.Push):
                 v = op.var
                 if np.any(active & (sps[v] >= depth)):

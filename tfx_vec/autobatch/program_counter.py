@@ -166,6 +166,13 @@ class _Machine:
         self.p, self.types, self.depth = program, types, depth
         self.halt = len(program.blocks)
         self._library_kernels: dict[int, bool] = {}
+        # The program's entry block, when nothing jumps, calls or returns to it, runs once, for
+        # every member, before the loop (a sweep would otherwise run it masked every step).
+        entry = program.entries[program.main]
+        reached = {j for b in program.blocks for j in ir.successors(b.terminator) + (
+            (b.terminator.return_to,) if isinstance(b.terminator, ir.PushJump) else
+            (b.terminator.target,) if isinstance(b.terminator, ir.Return) else ())}
+        self.prologue = None if entry in reached else entry
         self.registers = [v for v, a in program.allocation.items() if a == ir.REGISTER]
         self.stacks = [v for v, a in program.allocation.items() if a == ir.STACK]
         for v in self.registers + self.stacks:
@@ -221,13 +228,16 @@ class _Machine:
         for op in b.ops:
             if isinstance(op, ir.Primitive):
                 outs = run_primitive(op, [read(v) for v in op.inputs], batch)
+                when = ir.when_mask(op, lambda c: tf.cast(read(c), tf.bool), tf.logical_and)
                 for v, new in zip(op.outputs, outs):
                     if self.p.allocation[v] == ir.TEMPORARY:
-                        temps[v] = new
+                        temps[v] = new if when is None or v not in temps else select(
+                            when, new, temps[v], f"{op.loc}: {v}")
                     else:
-                        vals[v] = select(active, tf.nest.map_structure(
-                            lambda n, s: tf.cast(n, s.dtype), new, self.types[v]),
-                            vals[v], f"{op.loc}: {v}")
+                        vals[v] = select(active if when is None else active & when,
+                                         tf.nest.map_structure(lambda n, s: tf.cast(n, s.dtype),
+                                                               new, self.types[v]),
+                                         vals[v], f"{op.loc}: {v}")
             elif isinstance(op, ir.Push):
                 v = op.var
                 fits = sp[v] < self.depth
@@ -421,9 +431,11 @@ class _Machine:
                 (tf.constant(False), part(small), _big_part(big, keys)), maximum_iterations=1)
             return _merge(small, changed), _merge_big(big, stacks)
 
+        in_loop = [i for i in range(self.halt) if i != self.prologue]
+
         def body(steps, small, big):
             if choose is None:  # a sweep: every block once, in program order
-                for i in range(self.halt):
+                for i in in_loop:
                     small = count(small, i)
                     if scheduler == "sweep_guarded" and self.worth_guarding(i):
                         small, big = guarded(i, small, big,
@@ -435,7 +447,7 @@ class _Machine:
             nxt = tf.minimum(choose(small["pc"], self.halt), self.halt - 1)
             small = count(small, nxt)
             if loop_guards:  # each block guarded: only the chosen one runs, in place
-                for i in range(self.halt):
+                for i in in_loop:
                     small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
                 return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
@@ -447,6 +459,10 @@ class _Machine:
         def cond(steps, small, big):
             return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
 
+        if self.prologue is not None:
+            small = count(small, self.prologue)
+            small, writes = self.block(self.prologue, small, big)
+            big = apply(big, writes)
         steps, small, _ = tf.while_loop(cond, body, (tf.constant(0), small, big),
                                         maximum_iterations=max_steps)
         result = small["vals"][self.p.result]
@@ -506,22 +522,37 @@ def _signature_key(args: tuple) -> tuple:
             tuple((tuple(x.shape), x.dtype) for x in leaves))
 
 
+class _Traced:
+    """One traced ``ConcreteFunction``, called on the arguments flattened: this skips
+    ``ConcreteFunction.__call__``'s argument binding (~25 us a call, a quarter of Collatz's at
+    batch 1024; the caller's cache key already guarantees the signature).  ``_call_flat`` is
+    TF's own next step (private API): where it is missing, the public call."""
+
+    def __init__(self, concrete: Any):
+        self.concrete = concrete
+        self._call_flat = getattr(concrete, "_call_flat", None)
+
+    def __call__(self, args: tuple) -> Any:
+        if self._call_flat is None:
+            return self.concrete(*args)
+        return self._call_flat(tf.nest.flatten(args), self.concrete.captured_inputs)
+
+
 @tf.autograph.experimental.do_not_convert
 def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls).
 
-    Eagerly, each input signature and option set gets one traced ``ConcreteFunction`` (called
-    directly: a ``tf.function`` call would redo its signature matching every time, ~60 us).
+    Each input signature and option set gets its types and program (blocks merged for that
+    signature) once; eagerly, also one traced ``ConcreteFunction``, called directly (a
+    ``tf.function`` call would redo its signature matching every time, ~60 us).
     """
     args = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
-    program = fn.lowered()
-    opt_key = (opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
-               opts["utilization"])
-    key = (_signature_key(args),) + opt_key
+    key = (_signature_key(args), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
+           opts["utilization"])
     if key not in fn._compiled:
-        specs = tuple(spec_of(a) for a in args)
-        fn._compiled[key] = qualified_types(infer_types(fn.program(), specs))
-    types = fn._compiled[key]
+        types = qualified_types(infer_types(fn.program(), tuple(spec_of(a) for a in args)))
+        fn._compiled[key] = types, fn.lowered(types)
+    types, program = fn._compiled[key]
 
     def go(*a):
         return run(program, types, a, max_stack_depth=opts["max_stack_depth"],
@@ -533,10 +564,10 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
         return _graph_checks(result, status, opts, fn.__name__)
     jkey = key + (bool(opts["jit_compile"]),)
     if jkey not in fn._compiled:
-        fn._compiled[jkey] = tf.function(
+        fn._compiled[jkey] = _Traced(tf.function(
             go, jit_compile=bool(opts["jit_compile"]), autograph=False).get_concrete_function(
-                *(spec_of(a) for a in args))
-    result, status = fn._compiled[jkey](*args)
+                *(spec_of(a) for a in args)))
+    result, status = fn._compiled[jkey](args)
     fn.last_status = status
     _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)
     return result

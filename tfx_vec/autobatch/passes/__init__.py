@@ -1,8 +1,8 @@
 """Compiler passes, one per module, each ``Program -> Program`` (never mutating its input).
 
 :func:`pipeline` is the one place the chain is written:
-liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> layout ->
-allocation.
+liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> block merging
+-> layout -> allocation.
 
 Example:
     >>> from tfx_vec import autobatch as ab
@@ -15,24 +15,33 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from .. import ir
 from .allocation import allocate
 from .fuse_pop_push import fuse_pop_push
 from .layout import LAYOUTS, layout
 from .liveness import liveness
 from .lowering import lower
+from .merge_blocks import merge_blocks
 from .stack_elision import elide_stacks
 from .static_returns import static_returns
 
 __all__ = ["pipeline", "liveness", "lower", "elide_stacks", "fuse_pop_push", "static_returns",
-           "layout", "LAYOUTS", "allocate"]
+           "merge_blocks", "layout", "LAYOUTS", "allocate"]
 
-STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, layout, allocate)
+STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, merge_blocks, layout,
+          allocate)
 
 
-def pipeline(program: ir.Program, *, block_layout: str = "source") -> ir.Program:
-    """Function IR -> optimized, allocated stack-machine IR (``block_layout``: see
-    :data:`LAYOUTS`)."""
+def pipeline(program: ir.Program, *, block_layout: str = "source",
+             cheap: Callable[[str], bool] | None = None) -> ir.Program:
+    """Function IR -> optimized, allocated stack-machine IR.
+
+    ``block_layout``: see :data:`LAYOUTS`.  ``cheap(variable)``: is it a per-member scalar (from
+    the types of one input signature)?  Without it, blocks are not merged.
+    """
+    options = {layout: {"rule": block_layout}, merge_blocks: {"cheap": cheap}}
     for stage in STAGES:
-        program = stage(program, rule=block_layout) if stage is layout else stage(program)
+        program = stage(program, **options.get(stage, {}))
     return program

@@ -94,9 +94,10 @@ def block_order(program: ir.Program) -> list[int]:
 
 
 def renumber(program: ir.Program, order: list[int]) -> ir.Program:
-    """Reorder the blocks of a lowered program (``order``: new position -> old index)."""
+    """Reorder the blocks of a lowered program (``order``: new position -> old index; blocks
+    left out must be unreachable)."""
     new = {old: pos for pos, old in enumerate(order)}
-    new[len(order)] = len(order)  # halt stays halt
+    new[len(program.blocks)] = len(order)  # halt stays halt
 
     def move(t):
         if isinstance(t, ir.Jump):
