@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_SETTLE_S = 0.01  # pause before each interleaved sample (see Report.measure_interleaved)
 
 
 @dataclasses.dataclass
@@ -110,12 +112,13 @@ class Report:
         """Time every implementation of ``case`` round-robin and add one row each.
 
         Each round times every implementation once (``inner`` calls), so load from other jobs
-        on a shared machine hits all of them alike and the ratios stay fair; the round's order
-        rotates, so no implementation is always timed first.  An implementation
+        on a shared machine hits all of them alike and the ratios stay fair; each round runs in a
+        new random order (seeded), so no implementation always follows the same one.  An implementation
         that raises during warm-up gets no row; its error goes into ``notes``.  ``statistic``
         ("median" or "min") picks the sample a row reports; min/max always bound it.
         """
         alive, samples = {}, {}
+        shuffle = random.Random(0).shuffle
         for name, fn in impls.items():
             try:
                 for _ in range(max(1, warmup)):
@@ -126,10 +129,16 @@ class Report:
                 self.notes += f"\n{case} {name}: failed ({type(e).__name__}: {first[:160]})"
         order = list(alive.items())
         for r in range(rounds):
-            # rotate who goes first: the first call after another program's can pay for a
-            # cold thread pool or caches, and that must not always be the same implementation
-            k = r % max(1, len(order))
-            for name, fn in order[k:] + order[:k]:
+            # A new order each round.  The call after another program's pays for what that one
+            # left behind: TensorFlow's thread pools spin for a while after a graph-mode
+            # program and take a core from the next one (on a 2-core box an XLA program timed
+            # right after TFP's graph ran 1.3-1.6x slower).  Rotating the order kept every
+            # implementation behind the same predecessor; shuffling does not, and a short
+            # pause before each sample lets the pools go idle.
+            if r:
+                shuffle(order)
+            for name, fn in order:
+                time.sleep(_SETTLE_S)
                 samples[name].append(time_fn(fn, repeats=1, warmup=0, inner=inner).median)
         timings = {name: Timing(statistics.median(s), min(s), max(s), len(s), s)
                    for name, s in samples.items()}

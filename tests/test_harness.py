@@ -44,3 +44,19 @@ def test_measure_interleaved_rounds_and_failures():
     assert set(t) == {"a", "b"} and r.impls() == ["a", "b"]
     assert "x: failed (RuntimeError: peer cannot run this case)" in r.notes
     assert r.value("c", "a") == 10 / t["a"].median
+
+
+def test_measure_interleaved_varies_who_runs_before_whom(monkeypatch):
+    # A sample pays for what the previous implementation left behind (spinning thread
+    # pools), so no implementation may always follow the same one.
+    import benchmarks.harness as harness
+    monkeypatch.setattr(harness, "_SETTLE_S", 0.0)
+    sequence = []
+    impls = {name: (lambda name=name: sequence.append(name)) for name in "abcd"}
+    Report("order", unit="items/s", ours="a").measure_interleaved("c", impls, rounds=12,
+                                                                   warmup=1)
+    n = len(impls)
+    rounds = [sequence[k:k + n] for k in range(n, len(sequence), n)]
+    assert all(sorted(r) == sorted(impls) for r in rounds)
+    before = {name: {p for r in rounds for p, q in zip(r, r[1:]) if q == name} for name in impls}
+    assert all(len(preds) >= 2 for preds in before.values()), before

@@ -104,11 +104,11 @@ class AutobatchFunction:
     def __call__(self, *args: Any, **options: Any) -> Any:
         if getattr(_UNBATCHED, "depth", 0):
             return self._autobatch_python_fn(*args, **options)
-        unknown = set(options) - set(self.options)
+        unknown = [k for k in options if k not in self.options]
         if unknown:
             raise AutobatchError(f"unknown options {sorted(unknown)} for {self.__name__}; "
                                  f"known: {sorted(self.options)}")
-        opts = {**self.options, **options}
+        opts = {**self.options, **options} if options else self.options
         runtime = opts["runtime"]
         if runtime == "local_static":
             return local_static.run(self.program(), args, gather=opts["gather"],

@@ -517,9 +517,10 @@ def _graph_checks(result: Any, status: Status, opts: Mapping[str, Any], name: st
 
 def _signature_key(args: tuple) -> tuple:
     """A cheap hashable key for the structure, shapes and dtypes of ``args``."""
-    leaves = tf.nest.flatten(args)
-    return (tf.nest.map_structure(lambda _: 0, args) if len(leaves) > 1 else len(leaves),
-            tuple((tuple(x.shape), x.dtype) for x in leaves))
+    if all(isinstance(a, tf.Tensor) for a in args):  # the common case, without tf.nest
+        return len(args), tuple((tuple(a.shape), a.dtype) for a in args)
+    return (tf.nest.map_structure(lambda _: 0, args),
+            tuple((tuple(x.shape), x.dtype) for x in tf.nest.flatten(args)))
 
 
 class _Traced:
@@ -538,7 +539,6 @@ class _Traced:
         return self._call_flat(tf.nest.flatten(args), self.concrete.captured_inputs)
 
 
-@tf.autograph.experimental.do_not_convert
 def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls).
 
@@ -546,7 +546,8 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     signature) once; eagerly, also one traced ``ConcreteFunction``, called directly (a
     ``tf.function`` call would redo its signature matching every time, ~60 us).
     """
-    args = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
+    args = tuple(a if isinstance(a, tf.Tensor) else
+                 tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
     key = (_signature_key(args), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
            opts["utilization"])
     if key not in fn._compiled:
@@ -555,19 +556,21 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     types, program = fn._compiled[key]
 
     def go(*a):
-        return run(program, types, a, max_stack_depth=opts["max_stack_depth"],
-                   max_steps=opts["max_steps"], scheduler=opts["scheduler"],
-                   utilization=opts["utilization"])
+        result, status = run(program, types, a, max_stack_depth=opts["max_stack_depth"],
+                             max_steps=opts["max_steps"], scheduler=opts["scheduler"],
+                             utilization=opts["utilization"])
+        return result, status, tf.reduce_any(status.overflow | status.unfinished)
 
     if not tf.executing_eagerly():
-        result, status = go(*args)
+        result, status, _ = go(*args)
         return _graph_checks(result, status, opts, fn.__name__)
     jkey = key + (bool(opts["jit_compile"]),)
     if jkey not in fn._compiled:
         fn._compiled[jkey] = _Traced(tf.function(
             go, jit_compile=bool(opts["jit_compile"]), autograph=False).get_concrete_function(
                 *(spec_of(a) for a in args)))
-    result, status = fn._compiled[jkey](args)
+    result, status, failed = fn._compiled[jkey](args)
     fn.last_status = status
-    _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)
+    if failed.numpy():  # one scalar read per call; the per-member flags only on failure
+        _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)
     return result
