@@ -46,6 +46,7 @@ passes and optimizations:
   - stack elision: 0 push/pop pairs removed around calls that cannot recurse (optimization 3)
   - pop-push fusion: 0 pop/push pairs fused into peek/update (optimization 5)
   - static returns: 0 of 1 functions return to a single address (no program-counter stack traffic for their calls and returns)
+  - result forwarding: not applicable
   - block merging: per input signature (needs the variables' shapes)
   - layout: source order
   - allocation: 4 temporaries never stored (optimization 2), 1 registers without stacks, 2 stacks with cached tops (optimization 4)

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import builtins
 import inspect
 import textwrap
@@ -339,9 +340,16 @@ class _FunctionBuilder:
                 for n in _target_names(t):
                     outputs.setdefault(n)
         text = "; ".join(ast.unparse(gast.gast_to_ast(s)) for s in stmts)
+        loc = self.src.loc(stmts[0])
+        if (len(stmts) == 1 and isinstance(stmts[0], gast.Assign)
+                and [type(t) for t in stmts[0].targets] == [gast.Name]
+                and isinstance(stmts[0].value, gast.Name) and len(inputs) == 1):
+            # `y = x` (and `return x`): a move the passes can see through (see result forwarding)
+            self.cur.ops.append(dataclasses.replace(ir.move(tuple(outputs), tuple(inputs), loc),
+                                                    text=text))
+            return
         fn = self.src.compile_primitive(stmts, tuple(inputs), tuple(outputs))
-        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs), fn, text,
-                                         self.src.loc(stmts[0])))
+        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs), fn, text, loc))
 
     def _check_expr(self, node: gast.AST) -> None:
         for n in gast.walk(node):

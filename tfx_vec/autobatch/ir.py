@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["Primitive", "Call", "Push", "Pop", "Update", "Peek", "Jump", "Branch", "Return",
            "PushJump", "Block", "Function", "Program", "TEMPORARY", "REGISTER", "STACK",
-           "format_function", "format_program", "reads", "writes", "successors", "when_mask"]
+           "format_function", "format_program", "reads", "writes", "successors", "when_mask",
+           "move", "is_move"]
 
 TEMPORARY, REGISTER, STACK = "temporary", "register", "stack"
 
@@ -87,6 +88,21 @@ class Peek:
     """Fused ``Pop var ... Push var`` where ``var`` was read in between: reload the current
     value from the top stack slot without moving the stack pointer."""
     var: str
+
+
+def _move(*values):
+    return values
+
+
+def move(outputs: tuple, inputs: tuple, loc: str = "") -> Primitive:
+    """A primitive assigning ``inputs`` to ``outputs`` all at once (a parallel move)."""
+    text = f"{', '.join(outputs)} = {', '.join(inputs)}"
+    return Primitive(tuple(inputs), tuple(outputs), _move, text, loc)
+
+
+def is_move(op: Any) -> bool:
+    """Is ``op`` a move made by :func:`move` (its outputs equal its inputs)?"""
+    return isinstance(op, Primitive) and op.fn is _move
 
 
 Op = Any  # Primitive | Call | Push | Pop | Update | Peek

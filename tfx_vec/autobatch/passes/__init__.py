@@ -1,8 +1,8 @@
 """Compiler passes, one per module, each ``Program -> Program`` (never mutating its input).
 
 :func:`pipeline` is the one place the chain is written:
-liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> block merging
--> layout -> allocation.
+liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> result forwarding
+-> block merging -> layout -> allocation.
 
 Example:
     >>> from tfx_vec import autobatch as ab
@@ -19,6 +19,7 @@ from typing import Callable
 
 from .. import ir
 from .allocation import allocate
+from .forward_result import forward_result
 from .fuse_pop_push import fuse_pop_push
 from .layout import LAYOUTS, layout
 from .liveness import liveness
@@ -28,10 +29,10 @@ from .stack_elision import elide_stacks
 from .static_returns import static_returns
 
 __all__ = ["pipeline", "liveness", "lower", "elide_stacks", "fuse_pop_push", "static_returns",
-           "merge_blocks", "layout", "LAYOUTS", "allocate"]
+           "forward_result", "merge_blocks", "layout", "LAYOUTS", "allocate"]
 
-STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, merge_blocks, layout,
-          allocate)
+STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, forward_result,
+          merge_blocks, layout, allocate)
 
 
 def pipeline(program: ir.Program, *, block_layout: str = "source",

@@ -43,10 +43,6 @@ from .liveness import liveness as liveness_pass
 __all__ = ["lower"]
 
 
-def _move(*values):
-    return values
-
-
 def _q(fname: str, var: str) -> str:
     return f"{fname}.{var}"
 
@@ -56,12 +52,6 @@ def _qualify(op, fname: str):
         return dataclasses.replace(op, inputs=tuple(_q(fname, v) for v in op.inputs),
                                    outputs=tuple(_q(fname, v) for v in op.outputs))
     raise TypeError(op)
-
-
-def move(outputs: tuple, inputs: tuple, loc: str = "") -> ir.Primitive:
-    """A primitive assigning ``inputs`` to ``outputs`` all at once (a parallel move)."""
-    text = f"{', '.join(outputs)} = {', '.join(inputs)}"
-    return ir.Primitive(tuple(inputs), tuple(outputs), _move, text, loc)
 
 
 def lower(program: ir.Program) -> ir.Program:
@@ -98,7 +88,7 @@ def lower(program: ir.Program) -> ir.Program:
                 callee = program.functions[op.callee]
                 saved = sorted(live[(fname, i, k)] - {op.output})
                 ops += [ir.Push(_q(fname, v)) for v in saved]
-                ops.append(move(tuple(_q(callee.name, p) for p in callee.params),
+                ops.append(ir.move(tuple(_q(callee.name, p) for p in callee.params),
                                 tuple(_q(fname, a) for a in op.args), op.loc))
                 cont = first[(fname, i)] + segment + 1
                 blocks.append(ir.Block(f"{b.name}" + (f"/{segment}" if segment else ""),
@@ -106,7 +96,7 @@ def lower(program: ir.Program) -> ir.Program:
                 owners.append(fname)
                 segment += 1
                 ops = [ir.Pop(_q(fname, v)) for v in reversed(saved)]
-                ops.append(move((_q(fname, op.output),), (_q(callee.name, callee.result),),
+                ops.append(ir.move((_q(fname, op.output),), (_q(callee.name, callee.result),),
                                 op.loc))
             t = b.terminator
             if isinstance(t, ir.Jump):
