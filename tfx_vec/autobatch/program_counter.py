@@ -422,13 +422,15 @@ class _Machine:
                     lambda: (part(small), self.uniform(small, _NO_WRITES, keys)))
                 return _merge(small, changed), apply(big, writes)
 
-            def once(done, changed, stacks):
+            def once(go, changed, stacks):
                 whole = _merge_big(big, stacks)
                 new, writes = self.block(i, _merge(small, changed), whole)
-                return tf.constant(True), part(new), _big_part(apply(whole, writes), keys)
+                return tf.constant(False), part(new), _big_part(apply(whole, writes), keys)
+            # the predicate is computed once, outside: the loop's condition is evaluated twice
+            # (enter, then exit) and must not reduce over the batch both times
             _, changed, stacks = tf.while_loop(
-                lambda done, changed, _: tf.logical_and(~done, runs(changed["pc"])), once,
-                (tf.constant(False), part(small), _big_part(big, keys)), maximum_iterations=1)
+                lambda go, changed, _: go, once,
+                (runs(small["pc"]), part(small), _big_part(big, keys)), maximum_iterations=1)
             return _merge(small, changed), _merge_big(big, stacks)
 
         in_loop = [i for i in range(self.halt) if i != self.prologue]
