@@ -1,5 +1,6 @@
 """Hypothesis: random small programs (if/elif, range and while loops with break/continue, early
-returns, recursion, and/or/not) agree with the per-member reference on every runtime."""
+returns, recursion, and/or/not, per-member scalars next to a [B, 2] vector, so that block merging
+moves some primitives and not others) agree with the per-member reference on every runtime."""
 import importlib.util
 import itertools
 import tempfile
@@ -29,6 +30,8 @@ def _cond(draw):
     v, w = draw(st.sampled_from(VARS)), draw(st.sampled_from(VARS))
     cmp = draw(st.sampled_from(["<", "<=", ">", "==", "!="]))
     c = f"{v} {cmp} {w if draw(st.booleans()) else draw(st.integers(-3, 6))}"
+    if draw(st.integers(0, 5)) == 0:  # a condition on the [B, 2] vector: not a scalar block
+        c = f"tf.reduce_sum(v, -1) {cmp} {draw(st.integers(-3, 12))}"
     extra = draw(st.sampled_from(["", "and", "or", "not"]))
     if extra == "not":
         return f"not {c}"
@@ -42,11 +45,14 @@ def _block(draw, depth, in_loop, counter):
     lines = []
     for _ in range(draw(st.integers(1, 3))):
         kinds = ["assign", "assign", "if"] + (["for", "while"] if depth < 2 else [])
-        kinds += ["call", "return"] + (["break", "continue"] if in_loop else [])
+        kinds += ["call", "return", "vector"] + (["break", "continue"] if in_loop else [])
         kind = draw(st.sampled_from(kinds))
         target = draw(st.sampled_from(("a", "b", "c")))
         if kind == "assign":
             lines.append(f"{target} = {draw(_expr())}")
+        elif kind == "vector":  # whole numbers in float32: every runtime computes them exactly
+            v, w = draw(st.sampled_from(VARS)), draw(st.sampled_from(VARS))
+            lines.append(f"v = tf.floor(v * 0.5) + tf.cast(tf.stack([{v}, {w}], -1), tf.float32)")
         elif kind == "call":
             lines.append(f"{target} = f(x - {draw(st.integers(1, 2))}, {draw(_expr())})")
         elif kind == "return":
@@ -79,8 +85,10 @@ def programs(draw):
     return "\n".join(
         ["import tensorflow as tf", "from tfx_vec import autobatch as ab", "",
          "@ab.function(max_stack_depth=16)", "def f(x, y):", "    a = x + 1", "    b = y - 2",
-         "    c = tf.ones_like(x) * 3", "    if x <= 0:", "        return a + b"]
-        + ["    " + l for l in body] + ["    return a + b + c", ""])
+         "    c = tf.ones_like(x) * 3", "    v = tf.cast(tf.stack([x, y], -1), tf.float32)",
+         "    if x <= 0:", "        return a + b"]
+        + ["    " + l for l in body]
+        + ["    return a + b + c + tf.cast(tf.reduce_sum(v, -1), tf.int32)", ""])
 
 
 def _load(source: str):
@@ -92,7 +100,7 @@ def _load(source: str):
     return module.f
 
 
-@settings(max_examples=3)
+@settings(max_examples=int(__import__("os").environ.get("AB_EXAMPLES", 3)))
 @given(programs(), st.integers(0, 2**31 - 1))
 def test_random_program_matches_reference_on_all_runtimes(source, seed):
     f = _load(source)
@@ -102,5 +110,6 @@ def test_random_program_matches_reference_on_all_runtimes(source, seed):
     x[0], y[y == 0] = 4, 1
     want = reference(f, x, y)
     for opts in ({"runtime": "local_static"}, {"runtime": "numpy"},
-                 {"runtime": "program_counter", "scheduler": "sweep"}):
+                 {"runtime": "program_counter", "scheduler": "sweep"},
+                 {"jit_compile": True, "scheduler": "sweep_guarded"}):
         np.testing.assert_array_equal(np.asarray(f(x, y, **opts)), want, err_msg=source)
