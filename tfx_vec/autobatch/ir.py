@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 __all__ = ["Primitive", "Call", "Push", "Pop", "Update", "Peek", "Jump", "Branch", "Return",
            "PushJump", "Block", "Function", "Program", "TEMPORARY", "REGISTER", "STACK",
            "format_function", "format_program", "reads", "writes", "successors", "when_mask",
-           "move", "is_move"]
+           "move", "is_move", "transfers"]
 
 TEMPORARY, REGISTER, STACK = "temporary", "register", "stack"
 
@@ -257,6 +257,16 @@ def successors(t: Any) -> tuple[int, ...]:
     if isinstance(t, PushJump):
         return (t.target,)
     return ()
+
+
+def transfers(t: Any) -> tuple[int, ...]:
+    """Every block terminator ``t`` can pass control to, calls and static returns included
+    (a ``pushjump``'s continuation is reached later, through the callee's return)."""
+    if isinstance(t, PushJump):
+        return (t.target, t.return_to)
+    if isinstance(t, Return):
+        return () if t.target is None else (t.target,)
+    return successors(t)
 
 # }}}
 

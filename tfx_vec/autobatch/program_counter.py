@@ -169,9 +169,7 @@ class _Machine:
         # The program's entry block, when nothing jumps, calls or returns to it, runs once, for
         # every member, before the loop (a sweep would otherwise run it masked every step).
         entry = program.entries[program.main]
-        reached = {j for b in program.blocks for j in ir.successors(b.terminator) + (
-            (b.terminator.return_to,) if isinstance(b.terminator, ir.PushJump) else
-            (b.terminator.target,) if isinstance(b.terminator, ir.Return) else ())}
+        reached = {j for b in program.blocks for j in ir.transfers(b.terminator)}
         self.prologue = None if entry in reached else entry
         self.registers = [v for v, a in program.allocation.items() if a == ir.REGISTER]
         self.stacks = [v for v, a in program.allocation.items() if a == ir.STACK]

@@ -69,12 +69,7 @@ def _live_blocks(program: ir.Program, blocks: list[ir.Block]) -> list[int]:
         if i in seen or i >= len(blocks):
             continue
         seen.add(i)
-        t = blocks[i].terminator
-        todo.extend(ir.successors(t))
-        if isinstance(t, ir.PushJump):
-            todo.append(t.return_to)
-        if isinstance(t, ir.Return) and t.target is not None:
-            todo.append(t.target)
+        todo.extend(ir.transfers(blocks[i].terminator))
     return sorted(seen)
 
 
