@@ -14,7 +14,8 @@ utilization is at most (gradients needed) / (batch x sum over calls of the longe
 need).  The earliest-block program counter reaches it exactly (its gradient block runs only when
 every unfinished chain waits there); only more trajectories per call raise it.  The last rows
 give that ceiling for T = 10 ... 100 trajectories per call from longer runs (100 trajectories
-at batch 30, 50 at batch 1000; per-chain gradient counts of blocks of 10 trajectories).
+at batch 30, 50 at batch 1000; per-chain gradient counts of blocks of 10 trajectories), and one
+row measures a single call of 100 trajectories at batch 1000.
 
 Run: ``.venv/bin/python -m benchmarks [--quick] nuts_utilization``.
 """
@@ -113,6 +114,15 @@ def run(quick: bool) -> Report:
                        loop_steps_per_gradient=per_grad)
             print(f"  {case:11s} T={t:3d} utilization {u:.3f} (ceiling {ceiling:.3f}), "
                   f"{per_grad:.1f} loop steps per gradient", flush=True)
+    # Measured, not derived: one call of many trajectories (the issue's 86% at 1000 chains).
+    for b, t in ({30: 20} if quick else {1000: 100}).items():
+        x0 = tf.constant((rng.normal(size=(b, DIM)) @ chol.T).astype(np.float32))
+        k = base.copy(runtime="program_counter", num_trajectories_per_step=t)
+        u, ceiling, per_grad = measure(k, calls, x0, t, per_call=t)
+        report.add(f"batch={b}, one call of {t} trajectories", f"program_counter T={t}", u,
+                   ceiling=ceiling, loop_steps_per_gradient=per_grad)
+        print(f"  batch={b:5d} T={t:3d} utilization {u:.3f} (ceiling {ceiling:.3f}), "
+              f"{per_grad:.1f} loop steps per gradient", flush=True)
     # Longer runs: the ceiling for T trajectories per call, from the gradients each chain needs
     # in each block of 10 trajectories (the program counter meets its ceiling in every row
     # above); blocks run as XLA-compiled steps of 10 trajectories each.
