@@ -31,6 +31,30 @@ def test_stack_overflow_is_an_error_naming_members(opts):
         fib(tf.constant([3, 40]), max_stack_depth=5, **opts)
 
 
+@pytest.mark.parametrize("opts", XLA_VARIANTS + [{"scheduler": "sweep"}],
+                         ids=["graph", "xla", "xla_sweep_guarded", "sweep"])
+def test_stack_depth_boundary_matches_the_numpy_reference(opts):
+    # The runtime checks overflow on the program-counter push only (a caller-saved variable's
+    # stack never holds more frames): the deepest member must fit at exactly the depth the
+    # NumPy machine (which checks every push) needs, and overflow one below it, alone.
+    x = tf.constant([9, 3, 6, 1])
+    depth = next(d for d in range(1, 20) if _fits(lambda: fib(x, runtime="numpy",
+                                                             max_stack_depth=d)))
+    np.testing.assert_array_equal(fib(x, max_stack_depth=depth, **opts), reference(fib, x))
+    with pytest.raises(ab.StackOverflowError, match=r"members \[0\]"):
+        fib(x, max_stack_depth=depth - 1, **opts)
+    with pytest.raises(ab.StackOverflowError, match=r"members \[0\]"):
+        fib(x, runtime="numpy", max_stack_depth=depth - 1)
+
+
+def _fits(run):
+    try:
+        run()
+        return True
+    except ab.StackOverflowError:
+        return False
+
+
 def test_stack_overflow_in_graph_is_an_assertion():
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_stack_depth"):
         tf.function(lambda a: fib(a, max_stack_depth=4))(tf.constant([2, 30]))
