@@ -42,3 +42,18 @@ def random_array(rng: np.random.Generator, shape, dtype=np.float32, low=-2.0, hi
     a = rng.uniform(low, high, size=shape).astype(dtype)
     a[np.abs(a) < 1e-3] = 0.5
     return a
+
+
+def square_loss_and_grad(call):
+    """A tf.function of (A, B) -> (C, d(sum C^2)/dA) with C = call(A, B): the graph the TC
+    gradient tests trace (forward op and backward op in one function)."""
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def loss_and_grad(A, B):
+        with tf.GradientTape() as tape:
+            tape.watch(A)
+            C = call(A, B)
+            loss = tf.reduce_sum(C * C)
+        return C, tape.gradient(loss, A)
+    return loss_and_grad

@@ -173,15 +173,6 @@ def _filled_per_example(lengths, i):
     return ta
 
 
-def test_ragged_stack_is_a_clear_error():
-    def f(i):
-        ta = _filled_per_example(LENS, i)
-        return ta.stack()
-    with pytest.raises(tfx_vec.VectorizationError,
-                       match=r"TensorListStack \(created at .*test_lists_ragged.py:\d+\).*ragged"):
-        tfx_vec.pfor(f, N, fallback_to_while_loop=False)
-
-
 # {{{ gradients of a per-example-length RNN
 
 def _loss(example):
@@ -265,21 +256,19 @@ def test_random_shapes_and_lengths_per_example_gradients(n, t, d, seed):
 # }}}
 
 
-def test_write_past_an_examples_own_length_is_a_clear_error():
-    def f(i):
-        ta = _filled_per_example(LENS_POS, i)
-        return ta.read(2)   # beyond the lists of the examples of length 1 and 2
-    with pytest.raises(tfx_vec.VectorizationError, match=r"TensorListGetItem.*out of range"):
-        tfx_vec.pfor(f, N, fallback_to_while_loop=False)
-
-
-def test_list_op_without_per_row_counts_support_is_a_clear_error():
-    def f(i):
-        ta = _filled_per_example(LENS_POS, i)
-        return ta.concat()
-    with pytest.raises(tfx_vec.VectorizationError,
-                       match=r"TensorListConcatV2.*different numbers of elements"):
-        tfx_vec.pfor(f, N, fallback_to_while_loop=False)
+@pytest.mark.parametrize("lens, use, match", [
+    # stacking lists of different lengths
+    (LENS, lambda ta: ta.stack(),
+     r"TensorListStack \(created at .*test_lists_ragged.py:\d+\).*ragged"),
+    # reading past an example's own length (the examples of length 1 and 2 have no element 2)
+    (LENS_POS, lambda ta: ta.read(2), r"TensorListGetItem.*out of range"),
+    # a list op without per-row-count support
+    (LENS_POS, lambda ta: ta.concat(), r"TensorListConcatV2.*different numbers of elements"),
+], ids=["ragged_stack", "read_past_own_length", "concat_without_row_counts"])
+def test_list_misuse_is_a_clear_error(lens, use, match):
+    with pytest.raises(tfx_vec.VectorizationError, match=match):
+        tfx_vec.pfor(lambda i: use(_filled_per_example(lens, i)), N,
+                     fallback_to_while_loop=False)
 
 
 @settings(max_examples=4)

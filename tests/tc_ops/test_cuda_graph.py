@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import random_array, require
+from tests.support import random_array, require, square_loss_and_grad
 from tests.tc_ops.corpus import CASES
 from tfx_vec import tc_ops as tc
 from tfx_vec.tc_ops import tf_op
@@ -61,22 +61,10 @@ def _pad3(t) -> tuple:
     return t + (1,) * (3 - len(t))
 
 
-def _loss_and_grad(call):
-    """A tf.function: (C = call(A, B), d(sum C^2)/dA)."""
-    @tf.function(autograph=False)
-    def loss_and_grad(A, B):
-        with tf.GradientTape() as tape:
-            tape.watch(A)
-            C = call(A, B)
-            loss = tf.reduce_sum(C * C)
-        return C, tape.gradient(loss, A)
-    return loss_and_grad
-
-
 # -- tc.define(..., backend="cuda") entries inside tf.function ------------------------------
 def test_cuda_entry_in_tf_function_traces_to_the_gpu_op_and_its_gradient(graph_only):
     mod = tc.define(TMM, backend="cuda")
-    concrete = _loss_and_grad(lambda a, b: mod.tmm(a, b)).get_concrete_function(
+    concrete = square_loss_and_grad(lambda a, b: mod.tmm(a, b)).get_concrete_function(
         tf.TensorSpec([40, 24]), tf.TensorSpec([50, 24]))
     C, dA = concrete.structured_outputs
     assert C.shape == (40, 50) and dA.shape == (40, 24)
@@ -120,7 +108,7 @@ def test_cuda_entry_run_without_a_gpu_is_the_clear_error():
     rng = np.random.default_rng(8)
     A, B = random_array(rng, (33, 7)), random_array(rng, (21, 7))
     mod = tc.define(TMM, backend="cuda")
-    loss_and_grad = _loss_and_grad(lambda a, b: mod.tmm(a, b))
+    loss_and_grad = square_loss_and_grad(lambda a, b: mod.tmm(a, b))
     if HAS_GPU:  # there the graph runs on the GPU: forward and gradient against NumPy
         C, dA = loss_and_grad(tf.constant(A), tf.constant(B))
         assert "GPU" in C.device

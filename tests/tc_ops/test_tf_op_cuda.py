@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import kernels as tf_kernels
 
-from tests.support import random_array, require, require_tool
+from tests.support import random_array, require, require_tool, square_loss_and_grad
 from tests.tc_ops.corpus import CASES
 from tfx_vec.tc_ops import tf_op
 from tfx_vec.tc_ops.api import define
@@ -260,16 +260,8 @@ def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
     monkeypatch.setattr(tf_op, "require_gpu", lambda: None)  # build the graph, never run it
     f = tf_op.tc_function(TMM, "tmm", backend="cuda")
 
-    @tf.function(autograph=False)
-    def loss_and_grad(A, B):
-        with tf.GradientTape() as tape:
-            tape.watch(A)
-            C = f(A, B)
-            loss = tf.reduce_sum(C * C)
-        return C, tape.gradient(loss, A)
-
-    concrete = loss_and_grad.get_concrete_function(tf.TensorSpec([40, 24]),
-                                                   tf.TensorSpec([50, 24]))
+    concrete = square_loss_and_grad(f).get_concrete_function(tf.TensorSpec([40, 24]),
+                                                             tf.TensorSpec([50, 24]))
     C, dA = concrete.structured_outputs
     assert C.shape == (40, 50) and dA.shape == (40, 24)
     ops = [op for op in concrete.graph.get_operations() if op.type == "TcCudaKernel"]
