@@ -146,18 +146,9 @@ def damped_matmul(x, n):
     return x
 
 
-def test_blocks_running_a_dot_keep_a_conditional_guard_under_xla():
-    from tfx_vec.autobatch.program_counter import _Machine
-    from tfx_vec.autobatch.types import infer_types, qualified_types, spec_of
+def test_blocks_running_a_dot_under_xla_match_the_reference():
     x = tf.constant(np.random.default_rng(6).normal(size=(5, 3)).astype(np.float32))
     n = tf.constant([0, 1, 2, 3, 1])
-    program = damped_matmul.lowered()
-    types = qualified_types(infer_types(damped_matmul.program(), (spec_of(x), spec_of(n))))
-    machine = _Machine(program, types, 8)
-    small, big = machine.initial_state((x, n), 5)
-    dots = [i for i in range(len(program.blocks)) if machine._runs_library_kernels(i, small, big)]
-    texts = [[op.text for op in program.blocks[i].ops if hasattr(op, "text")] for i in dots]
-    assert len(dots) == 1 and any("matvec" in t for t in texts[0])
     for opts in ({"jit_compile": True}, {"jit_compile": True, "scheduler": "sweep_guarded"}):
         np.testing.assert_allclose(damped_matmul(x, n, **opts).numpy(),
                                    reference(damped_matmul, x, n), rtol=1e-5, atol=1e-6)

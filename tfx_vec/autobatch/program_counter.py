@@ -116,14 +116,6 @@ def _merge(small: dict, changed: dict) -> dict:
 
 
 _NO_WRITES = {"pc_stack": None, "stack": {}}
-# TF ops that XLA:CPU lowers to its (threaded) library kernels: dots and convolutions.
-_LIBRARY_KERNEL_OPS = frozenset({
-    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "XlaDot", "XlaDotV2",
-    "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv2DBackpropFilter",
-    "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput",
-    "DepthwiseConv2dNativeBackpropFilter", "XlaConv", "XlaConvV2"})
-
-
 def _big_part(big: dict, keys: tuple) -> dict:
     """The stacks a block writes (``keys`` from ``writes_of``)."""
     pc_key, stacks = keys
@@ -165,7 +157,6 @@ class _Machine:
     def __init__(self, program: ir.Program, types: Mapping[str, Any], depth: int):
         self.p, self.types, self.depth = program, types, depth
         self.halt = len(program.blocks)
-        self._library_kernels: dict[int, bool] = {}
         # The program's entry block, when nothing jumps, calls or returns to it, runs once, for
         # every member, before the loop (a sweep would otherwise run it masked every step).
         entry = program.entries[program.main]
@@ -306,23 +297,6 @@ class _Machine:
         return any(v not in self.types or any(
             s.shape.rank != 1 for s in tf.nest.flatten(self.types[v])) for v in touched)
 
-    def _runs_library_kernels(self, i: int, small: dict, big: dict) -> bool:
-        """Does block ``i`` run a dot or a convolution?  XLA:CPU runs those through its
-        threaded library kernels inside a conditional, but inside the nested loop of a loop
-        guard they ran ~5x slower (NUTS' logistic-regression gradient, a [128, 100] x
-        [100, 10000] matmul: 8.5 -> 42 ms), so such blocks keep a conditional guard.  Found by
-        tracing the block once on the state's specs (cached per block)."""
-        if i not in self._library_kernels:
-            def spec(t):
-                return tf.TensorSpec(t.shape, t.dtype)
-            graph = tf.function(lambda s, b: self.block(i, s, b), autograph=False) \
-                .get_concrete_function(tf.nest.map_structure(spec, small),
-                                       tf.nest.map_structure(spec, big)).graph.as_graph_def()
-            ops = [n.op for n in graph.node]
-            ops += [n.op for f in graph.library.function for n in f.node_def]
-            self._library_kernels[i] = any(op in _LIBRARY_KERNEL_OPS for op in ops)
-        return self._library_kernels[i]
-
     def changes_of(self, *blocks: int) -> Callable[[dict], dict]:
         """Statically, the entries of the small state that any of ``blocks`` may change, as a
         function picking them from a state.  A conditional running one of them passes only
@@ -418,11 +392,13 @@ class _Machine:
             XLA updates loop-carried buffers in place, where a conditional copies each of its
             outputs every step ([B, D] registers and stacks alike) and a skipped block would
             still scatter into the junk slot (NUTS one_step at 1024 chains x 100 dimensions:
-            80 -> 43 ms; fib at 1024: 15 -> 8.5 ms).  In a TF graph, and under XLA for a
-            block that runs a dot or a convolution (see ``_runs_library_kernels``), a
-            ``tf.cond``."""
+            80 -> 43 ms; fib at 1024: 15 -> 8.5 ms).  Blocks that run a dot are no exception:
+            on NUTS' 100-d Gaussian at 1000 chains a conditional around the gradient block
+            made one step 1.3-1.85x slower (its ten [1000, 100] outputs copied every loop
+            step), and on the logistic regression ([1024, 100] x [100, 10000] matmuls) the
+            loop guard is as fast (446 vs 469 ms a step).  In a TF graph a ``tf.cond``."""
             keys, part = self.writes_of(i), self.changes_of(i)
-            if not xla or self._runs_library_kernels(i, small, big):
+            if not xla:
                 changed, writes = tf.cond(
                     runs(small["pc"]),
                     lambda: (lambda new, w: (part(new), w))(*uniform_block(i, small, big, keys)),
