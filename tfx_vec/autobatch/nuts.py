@@ -15,10 +15,9 @@ Pipeline of this module, top to bottom:
    ``run_trajectories -> build_tree`` and hands each function to ``wrap``: ``ab.function``
    for the batched runtimes, the identity for the per-chain reference (``runtime="python"``,
    which runs the very same Python one chain at a time).  ``run_trajectories`` is one loop
-   over doublings: a chain whose trajectory stops starts the next one in the same block
-   (selects, not control flow), so the path between two gradients never passes through
-   trajectory boundaries.
-3. Straight-line pieces (leapfrog leaf, subtree merge, trajectory extension and restart,
+   over doublings: a chain whose trajectory stops starts the next one from its sample in the
+   same loop iteration, so chains at different trajectories share every block.
+3. Straight-line pieces (leapfrog leaf, subtree merge, trajectory extension and start,
    randomness) are ordinary TF functions that the autobatch compiler treats as primitives.
 4. Randomness is a counter-based hash (murmur3 finalizer) of each chain's seed, so chain ``b``
    depends only on the step seed and ``b``: the same chain gives the same draws in any batch,
@@ -265,13 +264,6 @@ def _start_trajectory(seed, q, logp, g):
             zero_i, zero_f, false, false, false)
 
 
-def _restart(go, q, logp, g, *trajectory):
-    """Chains whose trajectory stopped (``go`` false) start the next one from ``(q, logp,
-    g)``; the others keep ``trajectory`` (the outputs of :func:`_start_trajectory`)."""
-    fresh = _start_trajectory(trajectory[0], q, logp, g)
-    return tuple(_where(go, old, new) for old, new in zip(trajectory, fresh))
-
-
 def _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb):
     """A fair coin per chain; the end of the trajectory to extend from."""
     seed, s_coin, s_tree = _split(seed, 3)
@@ -371,8 +363,12 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
     def run_trajectories(num, q, logp, g, eps, seed):
         """``num`` NUTS transitions in sequence from state ``q`` (Figure 7: the batch can
         overlap them).  One loop iteration is one doubling of the current trajectory; a
-        chain whose trajectory stops starts its next one in the same block, so chains at
-        different trajectories share every block, the gradient included."""
+        chain whose trajectory stops starts its next one in the same iteration, so chains at
+        different trajectories share every block, the gradient included.  The start is a
+        branch of its own (a block that only chains starting a trajectory wait at), not
+        selects in the doubling's block: drawing a momentum costs a few [B, D] passes, and the
+        doubling's block runs whenever any chain finishes a doubling (10 trajectories per step
+        at 1000 chains: one step 1.95 -> 1.20 s)."""
         (t, leapfrogs, log_accept, accepted, reach_max, div) = _start_steps(q)
         (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
          leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(seed, q, logp, g)
@@ -390,11 +386,10 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
             (t, leapfrogs, log_accept, accepted, reach_max, div) = finish(
                 go, t, leapfrogs, (log_accept, accepted, reach_max, div), leaves, metro,
                 accepted_t, reach_max_t, div_t)
-            # The sample is the chain's state: a stopped trajectory's sample starts the next.
-            (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
-             leaves, metro, accepted_t, reach_max_t, div_t) = _restart(
-                go, q_s, l_s, g_s, seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s,
-                l_s, rho, lsw, depth, leaves, metro, accepted_t, reach_max_t, div_t)
+            if not go:  # the sample is the chain's state: it starts the next trajectory
+                (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw,
+                 depth, leaves, metro, accepted_t, reach_max_t,
+                 div_t) = _start_trajectory(seed, q_s, l_s, g_s)
         return q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div
 
     return run_trajectories
