@@ -419,9 +419,7 @@ class _Machine:
 
         in_loop = [i for i in range(self.halt) if i != self.prologue]
 
-        # The lowest pc is carried: the condition tests it and the earliest scheduler runs
-        # it, so each step reduces the pcs over the batch once, at its end.
-        def body(steps, lowest, small, big):
+        def body(steps, small, big):
             if choose is None:  # a sweep: every block once, in program order
                 for i in in_loop:
                     small = count(small, i)
@@ -431,32 +429,28 @@ class _Machine:
                     else:
                         small, writes = self.block(i, small, big)
                         big = apply(big, writes)
-                return steps + 1, tf.reduce_min(small["pc"]), small, big
-            nxt = tf.minimum(lowest if scheduler == "earliest" else
-                             choose(small["pc"], self.halt), self.halt - 1)
+                return steps + 1, small, big
+            nxt = tf.minimum(choose(small["pc"], self.halt), self.halt - 1)
             small = count(small, nxt)
             if loop_guards:  # each block guarded: only the chosen one runs, in place
                 for i in in_loop:
                     small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
-                return steps + 1, tf.reduce_min(small["pc"]), small, big
+                return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
             changed, writes = tf.switch_case(nxt, [
                 lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
                 for i in range(self.halt)])
-            small = _merge(small, changed)
-            return (steps + 1, tf.reduce_min(small["pc"]), small,
-                    apply_if_written(nxt, big, writes))
+            return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
 
-        def cond(steps, lowest, small, big):
-            return tf.logical_and(steps < max_steps, lowest < self.halt)
+        def cond(steps, small, big):
+            return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
 
         if self.prologue is not None:
             small = count(small, self.prologue)
             small, writes = self.block(self.prologue, small, big)
             big = apply(big, writes)
-        steps, _, small, _ = tf.while_loop(
-            cond, body, (tf.constant(0), tf.reduce_min(small["pc"]), small, big),
-            maximum_iterations=max_steps)
+        steps, small, _ = tf.while_loop(cond, body, (tf.constant(0), small, big),
+                                        maximum_iterations=max_steps)
         result = small["vals"][self.p.result]
         status = Status(small["overflow"], tf.not_equal(small["pc"], self.halt) &
                         ~small["overflow"], steps, small["runs"], small["members"])
