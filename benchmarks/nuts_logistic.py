@@ -12,6 +12,9 @@ Implementations, same data and step size, one process:
 * ``tfx_vec pc+xla T=5``: the same with ``num_trajectories_per_step=5`` (Figure 7: the batch
   synchronizes on gradients, not on trajectory boundaries).
 * ``tfx_vec pc+xla T=5 sweep``: the same with ``scheduler="sweep_guarded"``.
+* ``tfx_vec pc+xla [T=5] run_ahead``: ``run_ahead=True``: a step pauses the batch when every
+  chain has its trajectories; chains that got there first have gone on, and the next step
+  resumes them (only returned trajectories are counted).
 * ``tfx_vec local_static``: eager, recursion through Python.
 * ``tfx_vec hybrid``: local static with each basic block compiled by XLA.
 * ``unbatched eager``: the same Python NUTS run directly, one chain at a time.
@@ -85,9 +88,11 @@ def _per_step(prev, new) -> int:
     return int(np.sum(new.leapfrogs_taken))
 
 
-def _ours(target, step_size, runtime, jit, trajectories=1, scheduler="earliest"):
+def _ours(target, step_size, runtime, jit, trajectories=1, scheduler="earliest",
+          run_ahead=False):
     kernel = NoUTurnSampler(target, step_size=step_size, runtime=runtime,
-                            num_trajectories_per_step=trajectories, scheduler=scheduler)
+                            num_trajectories_per_step=trajectories, scheduler=scheduler,
+                            run_ahead=run_ahead)
     one = kernel.one_step
     if jit:
         one = tf.function(one, jit_compile=True)
@@ -117,6 +122,11 @@ IMPLS = {
     "tfx_vec pc+xla T=5 sweep": (functools.partial(_ours, trajectories=5,
                                                    scheduler="sweep_guarded"),
                                  "program_counter", True),
+    # ... and chains that finish early going on with the next step's trajectories.
+    "tfx_vec pc+xla run_ahead": (functools.partial(_ours, run_ahead=True), "program_counter",
+                                 True),
+    "tfx_vec pc+xla T=5 run_ahead": (functools.partial(_ours, trajectories=5, run_ahead=True),
+                                     "program_counter", True),
     "tfx_vec local_static": (_ours, "local_static", False),
     "tfx_vec hybrid": (_ours, "hybrid", False),
     "unbatched eager": (_ours, "python", False),

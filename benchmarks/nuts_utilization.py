@@ -23,7 +23,9 @@ over N trajectories' rows give that ceiling for T = 1 (local static's) and T = 1
 the per-chain, per-trajectory gradient counts of longer runs (our target: 100 trajectories at
 batch 30, 50 at batch 1000; the paper's: 200 at batch 30): the two runtimes' utilizations over
 many calls, on the same trajectories, with far less noise than one call of 30 chains.  One row
-measures a single call of 100 trajectories at batch 1000 (our target).
+measures a single call of 100 trajectories at batch 1000 (our target).  The last rows measure
+``run_ahead=True`` (chains never wait at a step's end) over many steps, against the same steps
+without it.
 
 Run: ``.venv/bin/python -m benchmarks [--quick] nuts_utilization``.
 """
@@ -199,6 +201,13 @@ def run(quick: bool) -> Report:
     for b, t in ({30: 20} if quick else {1000: 100}).items():
         sweep(report, ours, f"one call of {t} trajectories, ", [b], [t], local_static=False)
     ceilings(report, ours, "", {30: 20} if quick else {30: 100, 1000: 50})
+    # Past the ceilings: run_ahead (chains never wait at a step's end; measured over many steps)
+    for b, t, steps in ([(30, 10, 3)] if quick else [(30, 10, 20), (1000, 1, 30), (1000, 10, 5)]):
+        u, plain = run_ahead_utilization(ours, b, t, steps)
+        case = f"batch={b}, {steps} steps of {t} trajectories"
+        report.add(case, f"program_counter T={t}", plain)
+        report.add(case, f"program_counter T={t} run_ahead", u)
+        print(f"  {case}: run_ahead {u:.3f}, without {plain:.3f}", flush=True)
     paper = nuts_paper_problem(quick)
     print(f"  paper MVN: step size {paper.step_size:.4f} ({paper.how})", flush=True)
     report.notes += f" Paper MVN step size: {paper.step_size:.4f}."
@@ -251,6 +260,25 @@ def ceilings(report: Report, problem: Problem, prefix: str, long_runs: dict[int,
                        "local_static" if t == 1 else f"program_counter T={t}", ceiling)
             print(f"  {prefix}batch={b:5d} T={t:3d} ceiling {ceiling:.3f} ({long} trajectories)",
                   flush=True)
+
+
+def run_ahead_utilization(problem: Problem, batch: int, trajectories: int,
+                          steps: int) -> tuple[float, float]:
+    """Utilization over ``steps`` steps from exact draws, with and without ``run_ahead``:
+    gradients of the trajectories the steps returned / (batched evaluations x batch).  Work
+    a run-ahead step has done past its returned state is not counted (conservative)."""
+    target, calls = _counting_target(problem.precision)
+    x0 = tf.constant(problem.draw(batch))
+    out = []
+    for run_ahead in (True, False):
+        kernel = NoUTurnSampler(target, step_size=problem.step_size, max_tree_depth=10,
+                                num_trajectories_per_step=trajectories, run_ahead=run_ahead)
+        x, r = x0, kernel.bootstrap_results(x0)
+        calls.assign(0)
+        for i in range(steps):
+            x, r = kernel.one_step(x, r, seed=(5, i))
+        out.append(float(np.sum(r.leapfrogs_taken.numpy())) / (int(calls.numpy()) * batch))
+    return out[0], out[1]
 
 
 def target_without_counter(prec: np.ndarray, x: tf.Tensor) -> tf.Tensor:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+from tensorflow_probability.python.internal import samplers
 
 from tfx_vec.autobatch import ir, nuts
 from tfx_vec.autobatch.nuts import NoUTurnSampler
@@ -132,6 +133,71 @@ def test_one_gradient_block_and_it_is_last():
     assert len(as_run[0][1].blocks) < len(fn.lowered().blocks)
 
 
+def _uninterrupted(kernel, state, first_seed, trajectories):
+    """Each chain's state and leapfrogs after its first ``trajectories`` trajectories of its
+    own seed stream, in one uninterrupted run of the per-chain program (no steps, no
+    pausing): what run-ahead steps must return, wherever their pauses fell."""
+    spec = nuts._StateSpec(state)
+    program = kernel._program(spec, batched=False)
+    q = spec.flatten(state)
+    logp, g = spec.value_and_grad(kernel.target_log_prob_fn, q)
+    step_seed, _ = samplers.split_seed(samplers.sanitize_seed(first_seed))  # as one_step does
+    n = tf.constant(trajectories, tf.int32)
+    args = kernel._arguments(spec, state, kernel.bootstrap_results(state).step_size, n, n, q,
+                             logp, g, nuts.chain_seeds(step_seed, CHAINS))
+    rows = [program(*(a[b:b + 1] for a in args)) for b in range(CHAINS)]
+    return (np.concatenate([np.asarray(r[0]) for r in rows]),
+            np.concatenate([np.asarray(r[5]) for r in rows]))
+
+
+@pytest.mark.parametrize("runtime", ["xla", "program_counter", "xla:sweep_guarded"])
+def test_run_ahead_follows_each_chains_uninterrupted_trajectories(runtime):
+    """With run_ahead, a step pauses the machine when every chain has its next 2
+    trajectories, chains that got there first having gone on, and the next step resumes it;
+    still, after step j every chain is exactly where its own seed stream takes it after 2j
+    trajectories, with those trajectories' leapfrogs: the same Markov chain as without steps."""
+    steps = _run_steps(runtime, num_steps=4, num_trajectories_per_step=2, run_ahead=True)
+    kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5)
+    spec = nuts._StateSpec(_two_part_state())
+    ahead = 0
+    for j, (state, r) in enumerate(steps, start=1):
+        want_q, want_leapfrogs = _uninterrupted(kernel, _two_part_state(), (7, 0), 2 * j)
+        np.testing.assert_allclose(spec.flatten(state), want_q, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(r.leapfrogs_taken, want_leapfrogs)
+        ahead += int(np.sum(np.asarray(r.machine[0]["vals"]["run_trajectories.t"]) > 2 * j))
+    assert ahead > 0  # some chain was past the step's trajectories when it paused
+
+
+def test_run_ahead_raises_utilization_past_the_per_step_ceiling():
+    """Without running ahead a step costs at least as many batched gradients as its slowest
+    chain needs (the ceiling of synchronizing every T trajectories); running ahead, the
+    chains that finish early spend that time on their next trajectories."""
+    calls = tf.Variable(0, dtype=tf.int64)
+    prec = tf.constant(np.diag(np.logspace(0, 2, 6)).astype(np.float32))
+
+    def target(x):
+        calls.assign_add(1)
+        return -0.5 * tf.reduce_sum(tf.matmul(x, prec) * x, -1)
+
+    x0 = tf.constant(np.random.default_rng(1).normal(size=(30, 6)).astype(np.float32) * 0.3)
+    result = {}
+    for run_ahead in (False, True):
+        kernel = NoUTurnSampler(target, step_size=0.08, num_trajectories_per_step=3,
+                                run_ahead=run_ahead)
+        x, r = x0, kernel.bootstrap_results(x0)
+        calls.assign(0)
+        slowest = 0
+        for i in range(6):
+            prev = np.asarray(r.leapfrogs_taken)
+            x, r = kernel.one_step(x, r, seed=(3, i))
+            slowest += int(np.max(np.asarray(r.leapfrogs_taken) - prev))
+        needed = np.sum(np.asarray(r.leapfrogs_taken))  # only the returned trajectories
+        result[run_ahead] = (needed / (int(calls.numpy()) * 30), needed / (slowest * 30))
+    (plain, ceiling), (ahead, _) = result[False], result[True]
+    assert plain <= ceiling + 1e-9
+    assert ahead > ceiling + 0.05, result
+
+
 def test_divergence_is_flagged_and_state_kept():
     kernel = NoUTurnSampler(lambda x: -0.5 * tf.reduce_sum(x * x, -1) / 0.01, step_size=5.0,
                             max_energy_diff=10.0, runtime="local_static")
@@ -174,6 +240,8 @@ def test_kernel_protocol():
     (lambda: NoUTurnSampler(lambda x: x, 0.1, scheduler="fifo"), "scheduler must be one of"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_leapfrog_steps=0), "unrolled"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, num_trajectories_per_step=0), "num_trajectories"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, run_ahead=True, runtime="local_static"),
+     "run_ahead pauses"),
 ])
 def test_bad_arguments(make, message):
     with pytest.raises(ValueError, match=message):

@@ -152,3 +152,47 @@ def test_blocks_running_a_dot_under_xla_match_the_reference():
     for opts in ({"jit_compile": True}, {"jit_compile": True, "scheduler": "sweep_guarded"}):
         np.testing.assert_allclose(damped_matmul(x, n, **opts).numpy(),
                                    reference(damped_matmul, x, n), rtol=1e-5, atol=1e-6)
+
+
+@ab.function(max_stack_depth=32)
+def sum_of_fibs(n, stop):
+    """Main is a loop (its counter ``i`` is what a pause looks at) around a recursive call
+    whose depth differs per member, so members reach a given ``i`` at different times."""
+    i = tf.zeros_like(n)
+    total = tf.zeros_like(n)
+    while i < n:
+        total = total + fib(i + n)
+        i = i + 1
+    return total
+
+
+def _sum_of_fibs(n):
+    return [sum(int(reference(fib, tf.constant([k + m]))[0]) for k in range(m)) for m in n]
+
+
+@pytest.mark.parametrize("opts", XLA_VARIANTS, ids=["graph", "xla", "xla_sweep_guarded"])
+def test_a_paused_machine_resumes_where_it_stopped(opts):
+    """call_resumable stops as soon as every member's ``i`` reaches ``stop`` — the faster
+    members then stand somewhere inside fib's recursion, stacks half full — and the next call
+    goes on from that machine: the results are those of one uninterrupted run.  Members that
+    have returned start over from the next call's arguments."""
+    from tfx_vec.autobatch import program_counter as pc
+    opts = dict(sum_of_fibs.options, **opts)
+    n = tf.constant([7, 3, 9, 5, 8])  # fib up to 17: stacks 16 deep
+    want = _sum_of_fibs(n.numpy())
+    until = lambda regs: tf.reduce_all(regs["i"] >= regs["stop"])
+    machine = pc.idle_machine(sum_of_fibs, (n, n), opts)
+    stops = [2, 4, 6, 9]
+    paused_inside = 0
+    for stop in stops:
+        args = (n, tf.fill([5], stop))
+        result, regs, machine = pc.call_resumable(sum_of_fibs, args, opts, machine, until,
+                                                  refresh=("stop",))
+        np.testing.assert_array_equal(regs["i"].numpy() >= np.minimum(stop, n.numpy()), True)
+        paused_inside += int(np.sum(machine[0]["pc_sp"].numpy() > 1))
+    np.testing.assert_array_equal(result.numpy(), want)
+    assert paused_inside > 0  # some pause caught members inside the recursion
+    # every member has returned: the next call starts them all over from its arguments
+    m = tf.constant([4, 6, 2, 5, 1])
+    result, _, _ = pc.call_resumable(sum_of_fibs, (m, m), opts, machine, until)
+    np.testing.assert_array_equal(result.numpy(), _sum_of_fibs(m.numpy()))

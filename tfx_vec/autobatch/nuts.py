@@ -53,13 +53,16 @@ NUTSKernelResults = collections.namedtuple(
     "NUTSKernelResults",
     ["target_log_prob", "grads_target_log_prob", "step_size", "log_accept_ratio",
      "is_accepted", "leapfrogs_taken", "leapfrogs_computed", "reach_max_depth",
-     "has_divergence", "seed"])
+     "has_divergence", "seed", "machine", "ahead_target", "ahead_restart"])
 NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, one entry per chain.
 
 ``leapfrogs_taken``: cumulative leapfrog steps (gradient evaluations) of this chain.
 ``leapfrogs_computed``: cumulative leapfrogs the lock-step batch needs when it synchronizes on
 trajectory boundaries (the per-step maximum over chains, as TFP's autobatched NUTS reports it).
 ``seed``: the stateless seed the next step uses when ``one_step`` is given none.
+``machine``, ``ahead_target``, ``ahead_restart`` (with ``run_ahead=True``; empty otherwise): the
+paused program-counter machine, the trajectory count of the last returned state, and where
+chains that ran to their cap restart from.
 """
 
 # {{{ counter-based randomness (per-chain, stateless, elementwise: batches and compiles)
@@ -311,7 +314,19 @@ def _finish_trajectory(unrolled: int, go, t, leapfrogs, stats, leaves, metro, ac
             *(tf.where(done, a, b) for a, b in zip(new, stats)))
 
 
+def _same(*values):
+    """The values themselves (records a copy of program variables)."""
+    return values
+
+
+def _all_reached(registers: dict) -> tf.Tensor:
+    """Pause a run-ahead step: every chain has recorded the state after its ``target``-th
+    trajectory (``t_out``; ``t`` itself counts one block earlier, before the record)."""
+    return tf.reduce_all(registers["t_out"] >= registers["target"])
+
+
 def _start_steps(q):
+    """Per chain: zero trajectories and leapfrogs, and the statistics of no trajectory."""
     zero_i = tf.zeros(tf.shape(q)[:1], tf.int32)
     zero_f = tf.zeros(tf.shape(q)[:1], q.dtype)
     false = tf.zeros(tf.shape(q)[:1], tf.bool)
@@ -327,9 +342,9 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                   wrap: Callable[[Callable], Callable]) -> Callable:
     """The NUTS program for one chain; ``wrap`` batches each function (or is the identity).
 
-    ``run_trajectories(num, q, logp, g, eps, seed)`` runs ``num`` NUTS trajectories one after
-    the other from state ``q`` (with log-density ``logp`` and gradient ``g``) and returns the
-    last state with the last trajectory's statistics and the leapfrogs of all of them.
+    ``run_trajectories(t, leapfrogs, *last_statistics, target, cap, q, logp, g, eps, seed)``
+    runs NUTS trajectories one after the other from state ``q`` (with log-density ``logp`` and
+    gradient ``g``); see its docstring.
     """
     leaf = functools.partial(_leaf, vg, unrolled, max_energy_diff)
     extend = functools.partial(_extend_trajectory, max_tree_depth)
@@ -360,19 +375,30 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
 
     @wrap
-    def run_trajectories(num, q, logp, g, eps, seed):
-        """``num`` NUTS transitions in sequence from state ``q`` (Figure 7: the batch can
-        overlap them).  One loop iteration is one doubling of the current trajectory; a
-        chain whose trajectory stops starts its next one in the same iteration, so chains at
-        different trajectories share every block, the gradient included.  The start is a
-        branch of its own (a block that only chains starting a trajectory wait at), not
-        selects in the doubling's block: drawing a momentum costs a few [B, D] passes, and the
-        doubling's block runs whenever any chain finishes a doubling (10 trajectories per step
-        at 1000 chains: one step 1.95 -> 1.20 s)."""
-        (t, leapfrogs, log_accept, accepted, reach_max, div) = _start_steps(q)
+    def run_trajectories(t, leapfrogs, log_accept, accepted, reach_max, div, target, cap, q,
+                         logp, g, eps, seed):
+        """NUTS transitions in sequence from state ``q`` (Figure 7: the batch can overlap
+        them), counting on from ``t`` trajectories and ``leapfrogs`` leapfrogs (and the last
+        trajectory's statistics), until ``cap`` trajectories; the state after trajectory
+        ``target`` is kept as the output (``q`` itself when ``t`` is ``target`` already).
+        One loop iteration is one doubling of the current trajectory; a chain whose trajectory stops
+        starts its next one in the same iteration, so chains at different trajectories share
+        every block, the gradient included.  The start is a branch of its own (a block that
+        only chains starting a trajectory wait at), not selects in the doubling's block:
+        drawing a momentum costs a few [B, D] passes, and the doubling's block runs whenever
+        any chain finishes a doubling (10 trajectories per step at 1000 chains: one step 1.95
+        -> 1.20 s).
+
+        Returns the output (state, log-density, gradient, statistics, leapfrogs so far), then
+        where the chain stands — its state, the seed its next trajectory starts from, its
+        trajectory and leapfrog counts — so that a later call can go on from there, and the
+        trajectory count of the output (which a paused run-ahead step waits for)."""
+        (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out, div_out,
+         t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max, div, t)
+        seed_0 = tf.identity(seed)
         (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
          leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(seed, q, logp, g)
-        while t < num:
+        while t < cap:
             (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
              l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
             (q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, metro_sub, leaves_sub,
@@ -387,10 +413,16 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                 go, t, leapfrogs, (log_accept, accepted, reach_max, div), leaves, metro,
                 accepted_t, reach_max_t, div_t)
             if not go:  # the sample is the chain's state: it starts the next trajectory
+                if t == target:
+                    (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out,
+                     div_out, t_out) = _same(q_s, l_s, g_s, leapfrogs, log_accept, accepted,
+                                             reach_max, div, t)
+                seed_0 = tf.identity(seed)
                 (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw,
                  depth, leaves, metro, accepted_t, reach_max_t,
                  div_t) = _start_trajectory(seed, q_s, l_s, g_s)
-        return q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div
+        return (q_out, l_out, g_out, log_accept_out, accepted_out, leap_out, reach_out, div_out,
+                q_s, l_s, g_s, seed_0, t, leapfrogs, log_accept, accepted, reach_max, div, t_out)
 
     return run_trajectories
 
@@ -419,6 +451,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         ``"hybrid"`` (local static with XLA-compiled basic blocks) or ``"python"`` (the same
         program run directly, one chain at a time: the unbatched reference).
       seed: seed for steps that are not given one (stateless; carried in the kernel results).
+      run_ahead: (program counter only) chains never wait at a step's end.  A step pauses the
+        batched program as soon as every chain has completed its next
+        ``num_trajectories_per_step`` trajectories; chains that got there first have gone on
+        with later trajectories (up to one step's worth), and the next step resumes the
+        paused machine — program counters, registers, stacks, kept in the kernel results —
+        so nothing is dropped or recomputed.  Each chain follows its own seed stream from the
+        first step (``one_step``'s later seeds are not used), so a chain is the same Markov
+        chain as run alone without steps; ``current_state`` must be the previous step's
+        state, as in ``sample_chain``, and the step size must stay fixed (a paused chain keeps
+        the one it started its trajectory with: run it after adaptation).  Utilization then
+        no longer has the ceiling of synchronizing every ``num_trajectories_per_step``
+        trajectories (Figure 7).
       scheduler: block selection of the program-counter runtime: ``"earliest"`` (the paper's;
         members gather at the gradient, the last block) or ``"sweep_guarded"`` (every block
         once per loop step, skipped when no member waits: fewer loop steps, but the gradient
@@ -436,7 +480,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def __init__(self, target_log_prob_fn: Callable, step_size: Any, max_tree_depth: int = 10,
                  max_energy_diff: float = 1000.0, unrolled_leapfrog_steps: int = 1,
                  num_trajectories_per_step: int = 1, runtime: str = "program_counter",
-                 seed: Any = None, name: str | None = None, scheduler: str = "earliest"):
+                 seed: Any = None, name: str | None = None, scheduler: str = "earliest",
+                 run_ahead: bool = False):
         if int(max_tree_depth) < 1:
             raise ValueError(f"NoUTurnSampler: max_tree_depth must be >= 1, got {max_tree_depth}")
         if int(unrolled_leapfrog_steps) < 1:
@@ -447,6 +492,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                              f"{num_trajectories_per_step}")
         if runtime not in RUNTIMES:
             raise ValueError(f"NoUTurnSampler: runtime must be one of {RUNTIMES}, got {runtime!r}")
+        if run_ahead and runtime != "program_counter":
+            raise ValueError("NoUTurnSampler: run_ahead pauses and resumes the program-counter "
+                             f"machine; it needs runtime=\"program_counter\", got {runtime!r}")
         from tfx_vec.autobatch.program_counter import SCHEDULERS
         if scheduler not in SCHEDULERS:
             raise ValueError(f"NoUTurnSampler: scheduler must be one of {sorted(SCHEDULERS)}, "
@@ -456,7 +504,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             max_tree_depth=int(max_tree_depth), max_energy_diff=float(max_energy_diff),
             unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
             num_trajectories_per_step=int(num_trajectories_per_step), runtime=runtime,
-            seed=seed, name=name or "tfx_vec_nuts", scheduler=scheduler)
+            seed=seed, name=name or "tfx_vec_nuts", scheduler=scheduler,
+            run_ahead=bool(run_ahead))
         self._programs: dict = {}
 
     # -- TFP kernel protocol -------------------------------------------------------------
@@ -486,10 +535,21 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         step_size = tf.nest.map_structure(
             lambda s: tf.convert_to_tensor(s, spec.dtype), self.step_size)
         seed = samplers.sanitize_seed(self.seed, salt="tfx_vec_nuts")
+        machine, target, restart = (), (), ()
+        if self.run_ahead:   # every member halted: the first step starts them all
+            start = _start_steps(logp[:, None])
+            restart = (*start[:2], spec.flatten(parts), logp, g,
+                       chain_seeds(seed, tf.shape(logp)[0]), *start[2:])
+            args = self._arguments(spec, parts, step_size, zeros_i, zeros_i, *restart[2:6])
+            program, opts = self._resumable(spec)
+            from tfx_vec.autobatch import program_counter
+            machine = program_counter.idle_machine(program, args, opts)
+            target = tf.constant(0, tf.int32)
         return NUTSKernelResults(
             target_log_prob=logp, grads_target_log_prob=spec.unflatten(g), step_size=step_size,
             log_accept_ratio=tf.zeros_like(logp), is_accepted=false, leapfrogs_taken=zeros_i,
-            leapfrogs_computed=zeros_i, reach_max_depth=false, has_divergence=false, seed=seed)
+            leapfrogs_computed=zeros_i, reach_max_depth=false, has_divergence=false, seed=seed,
+            machine=machine, ahead_target=target, ahead_restart=restart)
 
     def one_step(self, current_state: Any, previous_kernel_results: NUTSKernelResults,
                  seed: Any = None):
@@ -501,13 +561,38 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             seed, next_seed = samplers.split_seed(seed)
             q = spec.flatten(parts)
             chains = tf.shape(q)[0]
-            eps = self._flat_step_size(spec, parts, prev.step_size)
-            num = tf.fill([chains], tf.constant(self.num_trajectories_per_step, tf.int32))
-            args = (num, q, tf.convert_to_tensor(prev.target_log_prob, spec.dtype),
-                    spec.flatten(prev.grads_target_log_prob), eps,
-                    chain_seeds(seed, chains))
-            (q, logp, g, log_accept, accepted, leapfrogs, reach_max,
-             div) = self._run(spec, args)
+            per_step = tf.constant(self.num_trajectories_per_step, tf.int32)
+            machine, target, restart = (), (), ()
+            if self.run_ahead:
+                target = prev.ahead_target + per_step
+                t, leapfrogs_so_far, q_s, l_s, g_s, seeds, *stats = prev.ahead_restart
+                # the first step's seed starts every chain's stream (all start then)
+                seeds = tf.where(tf.equal(prev.ahead_target, 0), chain_seeds(seed, chains),
+                                 seeds)
+                # a chain may complete the next step's trajectories too (then it returns, and
+                # restarts at the next step with its output ready)
+                args = self._arguments(spec, parts, prev.step_size, target, target + per_step,
+                                       q_s, l_s, g_s, seeds, counts=(t, leapfrogs_so_far),
+                                       stats=stats)
+                program, opts = self._resumable(spec)
+                from tfx_vec.autobatch import program_counter
+                out, regs, machine = program_counter.call_resumable(
+                    program, args, opts, prev.machine, _all_reached, refresh=("target", "cap"))
+                (q, logp, g, log_accept, accepted, leapfrogs, reach_max, div) = (
+                    regs[n] for n in ("q_out", "l_out", "g_out", "log_accept_out",
+                                      "accepted_out", "leap_out", "reach_out", "div_out"))
+                leapfrogs = leapfrogs - prev.leapfrogs_taken  # leap_out counts from the start
+                # where chains that ran to their cap (and returned) restart next step; the
+                # others are paused mid-program and resume from the machine
+                q_s, l_s, g_s, seed_0, t, leapfrogs_so_far, *stats, _ = out[8:]
+                restart = (t, leapfrogs_so_far, q_s, l_s, g_s, seed_0, *stats)
+            else:
+                args = self._arguments(spec, parts, prev.step_size, per_step, per_step, q,
+                                       prev.target_log_prob,
+                                       spec.flatten(prev.grads_target_log_prob),
+                                       chain_seeds(seed, chains))
+                (q, logp, g, log_accept, accepted, leapfrogs, reach_max,
+                 div) = self._run(spec, args)[:8]
             new_state = spec.unflatten(q)
             if not tf.nest.is_nested(current_state):
                 new_state = new_state[0]
@@ -516,8 +601,28 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 step_size=prev.step_size, log_accept_ratio=log_accept, is_accepted=accepted,
                 leapfrogs_taken=prev.leapfrogs_taken + leapfrogs,
                 leapfrogs_computed=prev.leapfrogs_computed + tf.reduce_max(leapfrogs),
-                reach_max_depth=reach_max, has_divergence=div, seed=next_seed)
+                reach_max_depth=reach_max, has_divergence=div, seed=next_seed,
+                machine=machine, ahead_target=target, ahead_restart=restart)
             return new_state, results
+
+    def _arguments(self, spec: _StateSpec, parts: list, step_size: Any, target, cap, q, logp,
+                   g, seeds, counts: tuple | None = None, stats: Sequence | None = None) -> tuple:
+        """The program's arguments: trajectory and leapfrog counts to go on from with the last
+        trajectory's statistics (zeros to start), target and cap (per chain), state,
+        log-density, gradient, flat step sizes and seeds."""
+        logp = tf.convert_to_tensor(logp, spec.dtype)
+        counts = counts if counts is not None else _start_steps(q)[:2]
+        stats = stats if stats is not None else _start_steps(q)[2:]
+        target, cap = (tf.broadcast_to(x, tf.shape(logp)) for x in (target, cap))
+        return (*counts, *stats, target, cap, q, logp, g,
+                self._flat_step_size(spec, parts, step_size), seeds)
+
+    def _resumable(self, spec: _StateSpec) -> tuple:
+        """The batched program and the options :func:`program_counter.call_resumable` runs
+        it with."""
+        program = self._program(spec, batched=True)
+        return program, dict(program.options, runtime="program_counter",
+                             scheduler=self.scheduler)
 
     def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
         """A kernel with some parameters replaced.  Changing only ``step_size``,
@@ -585,7 +690,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 raise ValueError('NoUTurnSampler: runtime="python" runs chains one at a time in '
                                  "eager mode; use runtime=\"program_counter\" inside tf.function")
             program = self._program(spec, batched=False)
-            rows = [program(*(a[b:b + 1] for a in args)) for b in range(int(args[1].shape[0]))]
+            rows = [program(*(a[b:b + 1] for a in args)) for b in range(int(args[8].shape[0]))]
             return tuple(tf.concat(col, axis=0) for col in zip(*rows))
         program = self._program(spec, batched=True)
         if self.runtime == "hybrid":

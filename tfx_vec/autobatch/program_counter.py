@@ -41,7 +41,7 @@ from . import ir
 from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
 from .types import infer_types, qualified_types, run_primitive, select, spec_of, zeros_of
 
-__all__ = ["run", "call", "Status", "SCHEDULERS"]
+__all__ = ["run", "call", "call_resumable", "idle_machine", "Status", "SCHEDULERS"]
 
 
 class Status(NamedTuple):
@@ -335,11 +335,42 @@ class _Machine:
         return {"pc_stack": (writes["pc_stack"] or none["pc_stack"]) if pc_key else None,
                 "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in stacks}}
 
+    def main_registers(self, small: dict) -> dict:
+        """Main's variables by their source names (the state a paused machine reports)."""
+        prefix = self.p.main + "."
+        return {k[len(prefix):]: v for k, v in small["vals"].items() if k.startswith(prefix)}
+
+    def resumed(self, args: Sequence[Any], batch: int, machine: tuple,
+                refresh: Sequence[str]) -> tuple[dict, dict]:
+        """The state to go on from ``machine`` (a paused run's ``(small, big)``): members that
+        had halted start over from ``args``; the others continue where they were, with main's
+        parameters named in ``refresh`` re-read from ``args``."""
+        fresh_small, _ = self.initial_state(args, batch)
+        small, big = machine
+        fresh = tf.equal(small["pc"], self.halt)
+
+        def pick(new, old):
+            return tf.nest.map_structure(lambda n, o: select(fresh, n, o), new, old)
+        vals = {v: pick(fresh_small["vals"][v], small["vals"][v]) for v in small["vals"]}
+        for name in refresh:
+            v = f"{self.p.main}.{name}"
+            vals[v] = fresh_small["vals"][v]
+        return ({"pc": tf.where(fresh, fresh_small["pc"], small["pc"]),
+                 "pc_sp": tf.where(fresh, fresh_small["pc_sp"], small["pc_sp"]),
+                 "overflow": tf.where(fresh, fresh_small["overflow"], small["overflow"]),
+                 "runs": fresh_small["runs"], "members": fresh_small["members"], "vals": vals,
+                 "sp": {v: tf.where(fresh, 0, sp) for v, sp in small["sp"].items()}}, big)
+
     def run(self, args: Sequence[Any], max_steps: int, scheduler: str,
-            utilization: bool) -> tuple[Any, Status]:
+            utilization: bool, machine: tuple | None = None,
+            until: Callable[[dict], tf.Tensor] | None = None,
+            refresh: Sequence[str] = ()) -> tuple[Any, Status, tuple]:
         batch = int(tf.nest.flatten(args)[0].shape[0])
         choose = SCHEDULERS[scheduler]
-        small, big = self.initial_state(args, batch)
+        if machine is None:
+            small, big = self.initial_state(args, batch)
+        else:
+            small, big = self.resumed(args, batch, machine, refresh)
 
         def apply(big, writes):
             stack = dict(big["stack"])
@@ -442,19 +473,24 @@ class _Machine:
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
 
+        def paused(small):
+            return tf.constant(False) if until is None else until(self.main_registers(small))
+
         def cond(steps, small, big):
-            return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt)
+            return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt) \
+                & ~paused(small)
 
         if self.prologue is not None:
             small = count(small, self.prologue)
             small, writes = self.block(self.prologue, small, big)
             big = apply(big, writes)
-        steps, small, _ = tf.while_loop(cond, body, (tf.constant(0), small, big),
-                                        maximum_iterations=max_steps)
+        steps, small, big = tf.while_loop(cond, body, (tf.constant(0), small, big),
+                                          maximum_iterations=max_steps)
         result = small["vals"][self.p.result]
         status = Status(small["overflow"], tf.not_equal(small["pc"], self.halt) &
-                        ~small["overflow"], steps, small["runs"], small["members"])
-        return result, status
+                        ~small["overflow"] & ~paused(small), steps, small["runs"],
+                        small["members"])
+        return result, status, (small, big)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -473,7 +509,7 @@ def run(program: ir.Program, types: Mapping[str, Any], args: Sequence[Any], *,
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {sorted(SCHEDULERS)}")
     return _Machine(program, types, max_stack_depth).run(args, max_steps, scheduler,
-                                                         utilization)
+                                                         utilization)[:2]
 
 
 def _check(status: Status, max_stack_depth: int, max_steps: int, name: str) -> None:
@@ -525,6 +561,90 @@ class _Traced:
         return self._call_flat(tf.nest.flatten(args), self.concrete.captured_inputs)
 
 
+def _tensors(args: Sequence[Any]) -> tuple:
+    return tuple(a if isinstance(a, tf.Tensor) else
+                 tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
+
+
+def _prepared(fn: Any, args: tuple, opts: Mapping[str, Any]) -> tuple[tuple, dict, ir.Program]:
+    """The cache key, types and program (blocks merged for this signature) of ``fn(*args)``."""
+    key = (_signature_key(args), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
+           opts["utilization"])
+    if key not in fn._compiled:
+        types = qualified_types(infer_types(fn.program(), tuple(spec_of(a) for a in args)))
+        fn._compiled[key] = types, fn.lowered(types)
+    return (key, *fn._compiled[key])
+
+
+def idle_machine(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> tuple:
+    """A machine for :func:`call_resumable` in which every member has halted, so that the
+    first call starts them all from its arguments."""
+    args = _tensors(args)
+    _, types, program = _prepared(fn, args, opts)
+    small, big = _Machine(program, types, opts["max_stack_depth"]).initial_state(
+        args, int(tf.nest.flatten(args)[0].shape[0]))
+    return dict(small, pc=tf.fill(tf.shape(small["pc"]), len(program.blocks))), big
+
+
+def call_resumable(fn: Any, args: Sequence[Any], opts: Mapping[str, Any], machine: tuple,
+                   until: Callable[[dict], tf.Tensor], refresh: Sequence[str] = ()) -> tuple:
+    """``fn(*args)`` that pauses: the loop stops as soon as ``until(registers)`` (main's
+    variables by source name, ``[B, ...]`` each) is true, or when every member has returned.
+    Goes on from ``machine`` (a previous call's, or :func:`idle_machine`): members that had
+    returned start over from ``args``, the others continue, re-reading main's parameters
+    named in ``refresh``.  Returns ``(result, registers, machine)``; ``result`` holds only for
+    members that returned.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from tfx_vec import autobatch as ab
+        >>> from tfx_vec.autobatch import program_counter as pc
+        >>> @ab.function
+        ... def count(n, stop):
+        ...     i = tf.zeros_like(n)
+        ...     while i < n:
+        ...         i = i + 1
+        ...     return i
+        >>> args = (tf.constant([3, 9]), tf.constant([2, 2]))
+        >>> opts = count.options
+        >>> m = pc.idle_machine(count, args, opts)
+        >>> until = lambda r: tf.reduce_all(r["i"] >= r["stop"])
+        >>> _, regs, m = pc.call_resumable(count, args, opts, m, until)
+        >>> regs["i"].numpy().tolist()
+        [2, 2]
+        >>> result, regs, m = pc.call_resumable(count, (args[0], tf.constant([9, 9])), opts, m,
+        ...                                     until, refresh=("stop",))
+        >>> result.numpy().tolist(), regs["i"].numpy().tolist()
+        ([3, 9], [3, 9])
+    """
+    args = _tensors(args)
+    _, types, program = _prepared(fn, args, opts)
+
+    def go(a, m):
+        result, status, new = _Machine(program, types, opts["max_stack_depth"]).run(
+            a, opts["max_steps"], opts["scheduler"], opts["utilization"], machine=m,
+            until=until, refresh=refresh)
+        regs = _Machine(program, types, opts["max_stack_depth"]).main_registers(new[0])
+        return result, regs, new, status, tf.reduce_any(status.overflow | status.unfinished)
+
+    if not tf.executing_eagerly():
+        result, regs, new, status, _ = go(args, machine)
+        return _graph_checks(result, status, opts, fn.__name__), regs, new
+    key = ("resumable", _signature_key(args), until, tuple(refresh), opts["max_stack_depth"],
+           opts["max_steps"], opts["scheduler"], opts["utilization"], bool(opts["jit_compile"]))
+    if key not in fn._compiled:
+        def spec(t):
+            return tf.TensorSpec(t.shape, t.dtype)
+        fn._compiled[key] = tf.function(
+            go, jit_compile=bool(opts["jit_compile"]), autograph=False).get_concrete_function(
+                tuple(spec_of(a) for a in args), tf.nest.map_structure(spec, machine))
+    result, regs, new, status, failed = fn._compiled[key](args, machine)
+    fn.last_status = status
+    if failed.numpy():
+        _check(status, opts["max_stack_depth"], opts["max_steps"], fn.__name__)
+    return result, regs, new
+
+
 def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls).
 
@@ -532,14 +652,8 @@ def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
     signature) once; eagerly, also one traced ``ConcreteFunction``, called directly (a
     ``tf.function`` call would redo its signature matching every time, ~60 us).
     """
-    args = tuple(a if isinstance(a, tf.Tensor) else
-                 tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
-    key = (_signature_key(args), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
-           opts["utilization"])
-    if key not in fn._compiled:
-        types = qualified_types(infer_types(fn.program(), tuple(spec_of(a) for a in args)))
-        fn._compiled[key] = types, fn.lowered(types)
-    types, program = fn._compiled[key]
+    args = _tensors(args)
+    key, types, program = _prepared(fn, args, opts)
 
     def go(*a):
         result, status = run(program, types, a, max_stack_depth=opts["max_stack_depth"],
