@@ -621,11 +621,12 @@ def call_resumable(fn: Any, args: Sequence[Any], opts: Mapping[str, Any], machin
     _, types, program = _prepared(fn, args, opts)
 
     def go(a, m):
-        result, status, new = _Machine(program, types, opts["max_stack_depth"]).run(
-            a, opts["max_steps"], opts["scheduler"], opts["utilization"], machine=m,
-            until=until, refresh=refresh)
-        regs = _Machine(program, types, opts["max_stack_depth"]).main_registers(new[0])
-        return result, regs, new, status, tf.reduce_any(status.overflow | status.unfinished)
+        machine = _Machine(program, types, opts["max_stack_depth"])
+        result, status, new = machine.run(a, opts["max_steps"], opts["scheduler"],
+                                          opts["utilization"], machine=m, until=until,
+                                          refresh=refresh)
+        return (result, machine.main_registers(new[0]), new, status,
+                tf.reduce_any(status.overflow | status.unfinished))
 
     if not tf.executing_eagerly():
         result, regs, new, status, _ = go(args, machine)
