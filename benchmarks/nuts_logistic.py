@@ -15,11 +15,17 @@ Implementations, same data and step size, one process:
 * ``tfx_vec pc+xla [T=5] run_ahead``: ``run_ahead=True``: a step pauses the batch when every
   chain has its trajectories; chains that got there first have gone on, and the next step
   resumes them (only returned trajectories are counted).
+* ``tfx_vec pc+xla T=20 run_ahead``: the same with 20 trajectories per step.
 * ``tfx_vec local_static``: eager, recursion through Python.
 * ``tfx_vec hybrid``: local static with each basic block compiled by XLA.
 * ``unbatched eager``: the same Python NUTS run directly, one chain at a time.
 * ``tfp autobatched``: ``tensorflow_probability.python.experimental.mcmc.nuts_autobatching``.
 * ``tfp nuts+xla``: TFP's hand-written iterative ``tfp.mcmc.NoUTurnSampler`` under XLA.
+* ``value+grad bound``: not a sampler: batch / seconds of one batched evaluation of the
+  log-density *and* its gradient (NUTS needs both at every leapfrog), repeated in an XLA
+  loop: what a sampler with utilization 1 and free control flow would reach where the
+  target's cost dominates (large batches; at a few chains fusion across the sampler's own
+  ops can beat it).
 
 Then ESS per second (minimum over the 100 coordinates, all chains pooled) for ours and for
 TFP's NUTS under XLA.
@@ -36,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from benchmarks.harness import Report
+from benchmarks.harness import Report, time_fn
 from tfx_vec.autobatch.nuts import NoUTurnSampler
 
 DIM = 100
@@ -114,6 +120,25 @@ def _tfp_autobatched(target, step_size, runtime, jit):
     return kernel.bootstrap_results, step, _cumulative
 
 
+def _value_and_gradient_bound(target, init: tf.Tensor, repeats: int = 3) -> float:
+    """Gradients per second of batched log-density-and-gradient evaluations in one XLA loop
+    (best of ``repeats``), each feeding the next so that none is elided.  Small batches get
+    more iterations so that the call itself costs next to nothing."""
+    iters = max(10, 2048 // int(init.shape[0]))
+
+    @tf.function(jit_compile=True)
+    def loop(x):
+        def body(i, x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                lp = target(x)
+            return i + 1, x + 1e-6 * tape.gradient(lp, x) + 1e-9 * lp[:, None]
+        return tf.while_loop(lambda i, _: i < iters, body, (0, x))[1]
+
+    best = time_fn(lambda: loop(init), repeats=repeats, warmup=1).min
+    return int(init.shape[0]) * iters / best
+
+
 IMPLS = {
     OURS: (_ours, "program_counter", True),
     # Figure 7's setting: 5 trajectories per step, batched across trajectory boundaries.
@@ -127,6 +152,9 @@ IMPLS = {
                                  True),
     "tfx_vec pc+xla T=5 run_ahead": (functools.partial(_ours, trajectories=5, run_ahead=True),
                                      "program_counter", True),
+    "tfx_vec pc+xla T=20 run_ahead": (functools.partial(_ours, trajectories=20,
+                                                        run_ahead=True),
+                                      "program_counter", True),
     "tfx_vec local_static": (_ours, "local_static", False),
     "tfx_vec hybrid": (_ours, "hybrid", False),
     "unbatched eager": (_ours, "python", False),
@@ -172,6 +200,9 @@ def run(quick: bool) -> Report:
             report.add(f"batch={b}", impl, rate, first_call_s=first)
             print(f"  batch={b:5d} {impl:22s} {rate:12.1f} grads/s  first call {first:7.2f} s",
                   flush=True)
+        bound = _value_and_gradient_bound(target, init)
+        report.add(f"batch={b}", "value+grad bound", bound)
+        print(f"  batch={b:5d} {'value+grad bound':22s} {bound:12.1f} grads/s", flush=True)
     chains, draws = (16, 20) if quick else (64, 100)
     init = tf.constant(mode + rng.normal(size=(chains, DIM)).astype(np.float32) @ chol.T)
     for impl, thin in ((OURS, 1), ("tfx_vec pc+xla T=5", 5), ("tfx_vec pc+xla T=5 sweep", 5),
