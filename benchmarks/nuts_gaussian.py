@@ -18,10 +18,18 @@ excluding synchronization waste) / seconds per call, the calls timed round-robin
 * ``tfx_vec pc+xla T=10 sweep``: the same with ``scheduler="sweep_guarded"``.
 * ``tfp nuts+xla``: TFP's hand-written iterative ``tfp.mcmc.NoUTurnSampler`` under XLA.
 
+Then the ``chained steps`` rows: the chains move, as in ``tfp.mcmc.sample_chain`` — each call
+starts from the previous call's state with a new seed, so each call's work differs; throughput
+= gradients of the trajectories returned over ``CHAINED_STEPS`` warm steps / their seconds,
+median over interleaved rounds.  These rows add ``run_ahead=True`` (a step pauses the batch once
+every chain has its trajectory and the next step resumes it), which the repeated-step rows
+cannot show.
+
 Run: ``.venv/bin/python -m benchmarks [--quick] nuts_gaussian``.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 import numpy as np
@@ -29,6 +37,9 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from benchmarks.harness import Report
+from benchmarks.nuts_logistic import _ours as _chained_ours
+from benchmarks.nuts_logistic import _tfp_nuts as _chained_tfp
+from benchmarks.nuts_logistic import _warm_throughput
 from benchmarks.nuts_utilization import log_spaced_problem, target_without_counter
 from tfx_vec.autobatch.nuts import NoUTurnSampler
 
@@ -56,6 +67,30 @@ IMPLS = {
     "tfx_vec pc+xla T=10 sweep": _ours(10, "sweep_guarded"),
     "tfp nuts+xla": _tfp_nuts,
 }
+
+
+CHAINED_STEPS = 4
+CHAINED = {  # (make, keyword arguments) in nuts_logistic's step-function convention
+    OURS: (_chained_ours, {}),
+    "tfx_vec pc+xla run_ahead": (_chained_ours, {"run_ahead": True}),
+    "tfp nuts+xla": (_chained_tfp, {}),
+}
+
+
+def chained_steps(report: Report, problem, target, batch: int, rounds: int) -> None:
+    """Rows ``batch=B, chained steps``: consecutive steps from exact draws, see the module doc."""
+    x0 = tf.constant(problem.draw(batch))
+    made = {impl: make(target, problem.step_size, "program_counter", True, **kw)
+            for impl, (make, kw) in CHAINED.items()}
+    rates = {impl: [] for impl in made}
+    for _ in range(rounds):
+        for impl, (bootstrap, step, count) in made.items():
+            rates[impl].append(_warm_throughput(step, x0, bootstrap(x0), CHAINED_STEPS,
+                                                count)[1])
+    case = f"batch={batch}, {CHAINED_STEPS} chained steps"
+    for impl, r in rates.items():
+        report.add(case, impl, statistics.median(r), lo=min(r), hi=max(r))
+        print(f"  {case} {impl:26s} {statistics.median(r):12.0f} grads/s", flush=True)
 
 
 def run(quick: bool) -> Report:
@@ -88,4 +123,6 @@ def run(quick: bool) -> Report:
                        seconds_per_call=t.median)
             print(f"  batch={b:5d} {impl:26s} {rate:12.0f} grads/s ({grads[impl]} gradients in "
                   f"{t.median * 1e3:.1f} ms)", flush=True)
+    for b in [100] if quick else [100, 1000]:
+        chained_steps(report, problem, target, b, rounds=2 if quick else 3)
     return report
