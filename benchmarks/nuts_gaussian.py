@@ -37,9 +37,8 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from benchmarks.harness import Report
-from benchmarks.nuts_logistic import _ours as _chained_ours
-from benchmarks.nuts_logistic import _tfp_nuts as _chained_tfp
-from benchmarks.nuts_logistic import _warm_throughput
+from benchmarks.nuts_logistic import IMPLS as STEP_MAKERS
+from benchmarks.nuts_logistic import warm_throughput
 from benchmarks.nuts_utilization import log_spaced_problem, target_without_counter
 from tfx_vec.autobatch.nuts import NoUTurnSampler
 
@@ -70,23 +69,21 @@ IMPLS = {
 
 
 CHAINED_STEPS = 4
-CHAINED = {  # (make, keyword arguments) in nuts_logistic's step-function convention
-    OURS: (_chained_ours, {}),
-    "tfx_vec pc+xla run_ahead": (_chained_ours, {"run_ahead": True}),
-    "tfp nuts+xla": (_chained_tfp, {}),
-}
+# nuts_logistic's step makers (same names there): steps that carry state from call to call.
+CHAINED = {impl: STEP_MAKERS[impl]
+           for impl in (OURS, "tfx_vec pc+xla run_ahead", "tfp nuts+xla")}
 
 
 def chained_steps(report: Report, problem, target, batch: int, rounds: int) -> None:
     """Rows ``batch=B, chained steps``: consecutive steps from exact draws, see the module doc."""
     x0 = tf.constant(problem.draw(batch))
-    made = {impl: make(target, problem.step_size, "program_counter", True, **kw)
-            for impl, (make, kw) in CHAINED.items()}
+    made = {impl: make(target, problem.step_size, runtime, jit)
+            for impl, (make, runtime, jit) in CHAINED.items()}
     rates = {impl: [] for impl in made}
     for _ in range(rounds):
         for impl, (bootstrap, step, count) in made.items():
-            rates[impl].append(_warm_throughput(step, x0, bootstrap(x0), CHAINED_STEPS,
-                                                count)[1])
+            rates[impl].append(warm_throughput(step, x0, bootstrap(x0), CHAINED_STEPS,
+                                               count)[1])
     case = f"batch={batch}, {CHAINED_STEPS} chained steps"
     for impl, r in rates.items():
         report.add(case, impl, statistics.median(r), lo=min(r), hi=max(r))

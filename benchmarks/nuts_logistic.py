@@ -71,7 +71,7 @@ def logistic_problem(n: int, seed: int = 0):
     return target, w.astype(np.float32), chol.astype(np.float32), rng
 
 
-def _warm_throughput(step: Callable, state, results, steps: int, grads: Callable):
+def warm_throughput(step: Callable, state, results, steps: int, grads: Callable):
     """(first call seconds, gradients per second over ``steps`` warm steps)."""
     t0 = time.perf_counter()
     state, results = step(state, results, 0)
@@ -196,7 +196,7 @@ def run(quick: bool) -> Report:
             if b > max_batch.get(impl, b):
                 continue
             bootstrap, step, leapfrogs = make(target, step_size, runtime, jit)
-            first, rate = _warm_throughput(step, init, bootstrap(init), steps(b), leapfrogs)
+            first, rate = warm_throughput(step, init, bootstrap(init), steps(b), leapfrogs)
             report.add(f"batch={b}", impl, rate, first_call_s=first)
             print(f"  batch={b:5d} {impl:22s} {rate:12.1f} grads/s  first call {first:7.2f} s",
                   flush=True)
