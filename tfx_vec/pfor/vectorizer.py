@@ -88,12 +88,14 @@ def reset_fallbacks() -> None:
 # }}}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Reduction:
-    """A cross-iteration reduction requested through ``config.reduce*`` in the loop body."""
+    """A cross-iteration reduction requested through ``config.reduce*`` in the loop body:
+    ``fn`` of the per-iteration ``values`` (tensors of the traced graph) stacked over all
+    iterations."""
 
-    fn: Callable[[tf.Tensor], tf.Tensor]
-    value: tf.Tensor           # the per-iteration value in the traced graph
+    fn: Callable[..., Any]
+    values: list
 
 
 class Vectorizer:
@@ -107,7 +109,8 @@ class Vectorizer:
 
     def __init__(self, loop_len: tf.Tensor | int, *, fallback_to_while_loop: bool = True,
                  parallel_iterations: int | None = None, randomness: str = "different",
-                 xla: bool = False, reductions: dict[str, Reduction] | None = None):
+                 xla: bool = False,
+                 reductions: dict[str, tuple[Reduction, int]] | None = None):
         if randomness not in RANDOMNESS:
             raise ValueError(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
         self.loop_len = tf.cast(tf.convert_to_tensor(loop_len), tf.int32)
@@ -116,8 +119,11 @@ class Vectorizer:
         self.randomness = randomness
         self.xla = xla
         self.reductions = dict(reductions or {})
+        self._reduced: dict[Reduction, list[tf.Tensor]] = {}
         #: (op type, source line) of every op of this conversion that fell back to a loop.
         self.fallbacks: list[tuple[str, str | None]] = []
+        #: For each converted op without outputs (a side effect), the ops emitted for it.
+        self.side_effects: dict[tf.Operation, list[tf.Operation]] = {}
 
     # {{{ graph walk
 
@@ -137,10 +143,10 @@ class Vectorizer:
             if not isinstance(w, WrappedTensor):
                 raise TypeError(f"convert_graph inputs must be WrappedTensor, got {w!r}")
             env[t.ref()] = w
-        extra = {}  # a reduction's placeholder depends on the reduced value
-        for red_name, red in self.reductions.items():
-            if red.value.graph is graph:
-                extra[graph.get_tensor_by_name(red_name).op] = [red.value.op]
+        extra = {}  # a reduction's placeholder depends on the reduced values
+        for red_name, (red, _) in self.reductions.items():
+            if red.values and red.values[0].graph is graph:
+                extra[graph.get_tensor_by_name(red_name).op] = [v.op for v in red.values]
         needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra)
         for op in _topological_order(graph, needed, extra):
             if not (op.outputs and all(o.ref() in env for o in op.outputs)):
@@ -148,6 +154,15 @@ class Vectorizer:
         return [env[t.ref()] for t in graph.outputs]
 
     def _convert_op(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
+        if not op.outputs:
+            graph = tf.compat.v1.get_default_graph()
+            before = len(graph.get_operations())
+            self._convert_op_outputs(op, env, loop_len)
+            self.side_effects[op] = graph.get_operations()[before:]
+        else:
+            self._convert_op_outputs(op, env, loop_len)
+
+    def _convert_op_outputs(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
         if op.type == "Placeholder":
             self._convert_placeholder(op, env, loop_len)
             return
@@ -175,13 +190,18 @@ class Vectorizer:
         return not op.outputs or self.randomness == "same"
 
     def _convert_placeholder(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
-        red = self.reductions.get(op.outputs[0].name)
-        if red is None:
+        entry = self.reductions.get(op.outputs[0].name)
+        if entry is None:
             raise op_error(op, f"placeholder {op.name} of the loop body is not bound to a value")
-        w = env[red.value.ref()]
-        stacked = w.t if w.is_stacked else tile_to_stacked(w.t, loop_len)
-        out = tf.convert_to_tensor(red.fn(stacked))
-        env[op.outputs[0].ref()] = WrappedTensor(out, False)
+        red, k = entry
+        if red not in self._reduced:  # fn runs once for all of its outputs
+            stacked = []
+            for v in red.values:
+                w = env[v.ref()]
+                stacked.append(w.t if w.is_stacked else tile_to_stacked(w.t, loop_len))
+            self._reduced[red] = [tf.convert_to_tensor(o)
+                                  for o in tf.nest.flatten(red.fn(*stacked))]
+        env[op.outputs[0].ref()] = WrappedTensor(self._reduced[red][k], False)
 
     def _call_converter(self, converter, op, inputs, loop_len):
         x = ConversionInput(op, inputs, loop_len, self)
