@@ -111,6 +111,8 @@ def vectorized_map(fn: Callable, elems: Any, *, in_axes: Any = 0, out_axes: Any 
     if chunk_size is not None and (not isinstance(chunk_size, (int, np.integer))
                                    or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"vectorized_map: chunk_size must be a positive int, got {chunk_size!r}")
+    elems = tf.nest.map_structure(
+        lambda e: tf.convert_to_tensor(e) if isinstance(e, tf.Variable) else e, elems)
     leaves = tf.nest.flatten(elems)
     axes = _flat_axes(in_axes, elems, "in_axes")
     flat_leaves = [_elem_leaf(x, ax, k) for k, (x, ax) in enumerate(zip(leaves, axes))]
@@ -269,7 +271,9 @@ def _convert(traced: trace.TracedBody, bound: Sequence[WrappedTensor], loop_len,
                      parallel_iterations=parallel_iterations, randomness=randomness,
                      xla=in_xla_context(), reductions=traced.reductions)
     outs = vec.convert_graph(traced.graph, list(bound) + traced.capture_inputs())
-    return outs, [vec.side_effects.get(op, []) for op in traced.op_outputs]
+    # A returned op stands for every side effect of the body (what running it implies).
+    effects = [op for ops in vec.side_effects.values() for op in ops]
+    return outs, [effects for _ in traced.op_outputs]
 
 
 def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: int):

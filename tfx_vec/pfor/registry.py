@@ -59,6 +59,8 @@ class ConversionInput:
         self.inputs = list(inputs)
         self.loop_len = loop_len
         self.vectorizer = vectorizer
+        #: Why the converter declined (returned None), for the error when fallbacks are off.
+        self.decline_reason: str | None = None
 
     def input(self, i: int) -> WrappedTensor:
         return self.inputs[i]
@@ -72,9 +74,32 @@ class ConversionInput:
         """Input ``i``, which must be loop-invariant (e.g. an ``axis`` or a ``shape``)."""
         w = self.inputs[i]
         if w.is_stacked:
-            raise op_error(self.op, f"input {i} ({self.op.inputs[i].name}) must be the same in "
-                                    "every iteration, but it depends on the loop index")
+            raise op_error(self.op, f"input {i} ({self.op.inputs[i].name}) is expected to be "
+                                    "loop invariant (the same in every iteration), but it "
+                                    "depends on the loop index")
         return w.t
+
+    def require_invariant(self, *indices: int) -> bool:
+        """True when inputs ``indices`` are loop-invariant; otherwise False, recording why
+        (a converter then returns None: the op runs per iteration, or the error when
+        fallbacks are off names these inputs)."""
+        stacked = [i for i in indices if self.inputs[i].is_stacked]
+        if stacked:
+            names = ", ".join(f"input {i} ({self.op.inputs[i].name})" for i in stacked)
+            self.decline_reason = (f"{names} expected to be loop invariant, but depends on "
+                                   "the loop index")
+        return not stacked
+
+    def per_iteration(self) -> list[WrappedTensor]:
+        """Run this op once per iteration (counted in ``fallback_report()``) even when
+        fallbacks are off: for ops whose exact result no batched kernel can give (stateless
+        random ops with a loop-variant seed), as TensorFlow's pfor does."""
+        return self.vectorizer.run_per_iteration(self.op, self.inputs, self.loop_len)
+
+    def decline(self, reason: str) -> None:
+        """Return ``x.decline(why)`` from a converter: no vectorized form for this case."""
+        self.decline_reason = reason
+        return None
 
     def is_stacked(self, i: int) -> bool:
         return self.inputs[i].is_stacked

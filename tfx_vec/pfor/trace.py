@@ -171,8 +171,13 @@ class TracedBody:
     op_outputs: list                 # ops returned by the body (Operation leaves)
 
     def capture_inputs(self) -> list[WrappedTensor]:
-        """The captured (loop-invariant) values, wrapped, in ``graph.inputs`` order."""
-        return [WrappedTensor(c, False) for c in self.captured]
+        """The captured (loop-invariant) values, wrapped, in ``graph.inputs`` order (eager
+        values captured into the graph being built, so that converters see graph tensors
+        with their handle data)."""
+        graph = tf.compat.v1.get_default_graph()
+        capture = getattr(graph, "capture", None)
+        return [WrappedTensor(capture(c) if capture is not None and hasattr(c, "numpy")
+                              else c, False) for c in self.captured]
 
     def pack(self, per_leaf: Sequence[Any]) -> Any:
         """The body's output structure with one value per leaf."""
@@ -251,8 +256,10 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
         holder.update(structure=tf.nest.map_structure(lambda _: 0, out), leaves=leaves,
                       ops=ops)
         outs = [tf.identity(t) for t in flat]
-        if ops:  # returned side effects must run even when nothing else depends on them
-            tf.compat.v1.get_default_graph().control_outputs.extend(ops)
+        # Returned ops must be converted even when no output depends on them (stateful ones
+        # are added by tf.function's automatic control dependencies).
+        control = tf.compat.v1.get_default_graph().control_outputs
+        control.extend(op for op in ops if not op._is_stateful and op not in control)  # pylint: disable=protected-access
         return outs
 
     # Like tf.vectorized_map: AutoGraph converts the body only when the caller's context has

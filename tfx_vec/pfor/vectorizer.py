@@ -174,11 +174,11 @@ class Vectorizer:
             outs = create_op_like(op, [w.t for w in inputs])
             result = [WrappedTensor(t, False) for t in outs]
         else:
-            result = None
+            result, reason = None, None
             if converter is not None:
-                result = self._call_converter(converter, op, inputs, loop_len)
+                result, reason = self._call_converter(converter, op, inputs, loop_len)
             if result is None:
-                result = self._fallback(op, inputs, loop_len)
+                result = self._fallback(op, inputs, loop_len, reason)
         for t, w in zip(op.outputs, result):
             env[t.ref()] = w
 
@@ -204,6 +204,7 @@ class Vectorizer:
         env[op.outputs[0].ref()] = WrappedTensor(self._reduced[red][k], False)
 
     def _call_converter(self, converter, op, inputs, loop_len):
+        """(outputs or None, why the converter declined)."""
         x = ConversionInput(op, inputs, loop_len, self)
         try:
             result = converter(x)
@@ -215,26 +216,41 @@ class Vectorizer:
             if not self.fallback_to_while_loop:
                 raise err from e
             warnings.warn(f"{err}; running this op in a per-iteration loop instead")
-            return None
+            return None, None
         if result is None:
-            return None
+            return None, x.decline_reason
         if isinstance(result, WrappedTensor):
             result = [result]
         result = list(result)
         _check_result(op, result)
-        return result
+        return result, None
 
     # }}}
 
     # {{{ fallback: one op in a per-iteration loop
 
-    def _fallback(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor
-                  ) -> list[WrappedTensor]:
+    def _fallback(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor,
+                  reason: str | None = None) -> list[WrappedTensor]:
         source = user_source_line(op)
+        stacked = [w.is_stacked for w in inputs]
+        why = f" ({reason})" if reason else ""
+        if any(w.is_stacked and w.t.dtype == tf.variant and w.t.shape.rank == 0
+               for w in inputs):
+            raise op_error(op, f"No pfor vectorization defined for this op{why}, and it takes a "
+                               "TensorList holding every iteration's elements, which a "
+                               "per-iteration loop cannot split; inputs "
+                               f"stacked={stacked}")
         if not self.fallback_to_while_loop:
-            raise op_error(op, "no vectorized converter for this op with inputs "
-                               f"stacked={[w.is_stacked for w in inputs]} and "
+            raise op_error(op, f"No pfor vectorization defined for this op{why}: no vectorized "
+                               f"converter for this op with inputs stacked={stacked} and "
                                "fallback_to_while_loop=False")
+        return self.run_per_iteration(op, inputs, loop_len, source)
+
+    def run_per_iteration(self, op: tf.Operation, inputs: list[WrappedTensor],
+                          loop_len: tf.Tensor, source: str | None = None
+                          ) -> list[WrappedTensor]:
+        """``op`` in a per-iteration loop, counted in :func:`fallback_report`."""
+        source = source or user_source_line(op)
         if self.xla:
             warnings.warn(f"{op_error(op, 'falls back to a per-iteration loop inside an XLA trace')}")
         self.fallbacks.append((op.type, source))

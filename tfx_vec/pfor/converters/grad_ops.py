@@ -99,7 +99,10 @@ def _dilation2d_backprop(x: ConversionInput):
     dy = fold_into_channels(x.stacked_input(2), 3)
     out = create_op_like(x.op, [images, filt, dy])[0]
     axis = 3 if x.op_type == "Dilation2DBackpropInput" else 2
-    return [WrappedTensor(unfold_from_channels(out, axis, n, tf.shape(x.op.inputs[1])[2]), True)]
+    channels = x.op.inputs[1].shape[2]
+    if channels is None:
+        channels = tf.shape(x.stacked_input(1))[3]
+    return [WrappedTensor(unfold_from_channels(out, axis, n, channels), True)]
 
 
 @converter("AvgPoolGrad", "AvgPool3DGrad")

@@ -443,7 +443,10 @@ def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[Wrapped
     inputs = [fold_into_channels(x.stacked_input(i), c) for i in range(n_images)]
     inputs += [tf.reshape(x.stacked_input(i), [-1]) for i in range(n_images, len(x.inputs))]
     outs = create_op_like(x.op, inputs)
-    first = unfold_from_channels(outs[0], c, n, tf.shape(x.op.inputs[0])[c])
+    channels = x.op.inputs[0].shape[c]
+    if channels is None:
+        channels = tf.shape(x.stacked_input(0))[c + 1]
+    first = unfold_from_channels(outs[0], c, n, channels)
     return stacked(first, *[split_leading(o, n, like)
                             for o, like in zip(outs[1:], x.op.outputs[1:])])
 
