@@ -39,7 +39,7 @@ from tfx_vec.pfor.registry import WrappedTensor
 from tfx_vec.pfor.vectorizer import Reduction
 
 __all__ = ["PforConfig", "TracedBody", "Leaf", "trace_function", "trace_count",
-           "composite_spec"]
+           "composite_spec", "GraphView", "V1_CONTROL_FLOW"]
 
 _count = [0]
 
@@ -211,6 +211,9 @@ def _flatten_leaf(leaf: Any, flat: list, ops: list) -> Leaf:
     if leaf is None:
         return Leaf("none")
     if isinstance(leaf, tf.Operation):
+        if hasattr(leaf, "mark_used"):   # a tf_should_use wrapper (e.g. from tf.Assert)
+            leaf.mark_used()
+            leaf = leaf.graph.get_operation_by_name(leaf.name)
         ops.append(leaf)
         return Leaf("op", (len(ops) - 1,))
     if isinstance(leaf, tf.SparseTensor):
@@ -239,9 +242,17 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
     one argument per spec).  ``with_config``: ``True`` passes a :class:`PforConfig` as the last
     positional argument, ``"keyword"`` as ``pfor_config=``.  ``iters`` (static loop length,
     if known) gives reductions their static leading dimension.
+
+    Called eagerly or inside a ``tf.function``, the body is traced into a function graph of
+    its own.  In a TF1 graph it is built in the caller's graph, as TensorFlow's pfor does, so
+    that variables and layers it creates, graph collections and ``tf.compat.v1`` APIs behave
+    as in the rest of the user's graph (:class:`GraphView`); a body that builds TF1 control
+    flow (``Switch``/``Merge``/``Enter`` ops) is traced into a function graph instead, where
+    its loops and conditionals are functional.
     """
     config = PforConfig(iters)
     holder: dict[str, Any] = {}
+    name = getattr(fn, "__name__", "loop_fn").replace("<", "_").replace(">", "_")
 
     def body(*flat_in):
         args = list(pack_args(list(flat_in)) if pack_args else flat_in)
@@ -255,22 +266,20 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
         leaves = [_flatten_leaf(leaf, flat, ops) for leaf in tf.nest.flatten(out)]
         holder.update(structure=tf.nest.map_structure(lambda _: 0, out), leaves=leaves,
                       ops=ops)
-        outs = [tf.identity(t) for t in flat]
-        # Returned ops must be converted even when no output depends on them (stateful ones
-        # are added by tf.function's automatic control dependencies).
-        control = tf.compat.v1.get_default_graph().control_outputs
-        control.extend(op for op in ops if not op._is_stateful and op not in control)  # pylint: disable=protected-access
-        return outs
+        return [tf.identity(t) for t in flat]
 
     # Like tf.vectorized_map: AutoGraph converts the body only when the caller's context has
     # AutoGraph on (e.g. inside a default tf.function); converting costs ~30 ms per trace.
     fn = autograph.tf_convert(fn, ag_ctx.control_status_ctx())
-    body.__name__ = getattr(fn, "__name__", "loop_fn").replace("<", "_").replace(">", "_")
-    concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
     _count[0] += 1
-    graph = concrete.graph
-    n_args = len(graph.inputs) - len(graph.captures)
-    captured = [ext for ext, _ in graph.captures]
+    graph = _inline_trace(body, specs, holder) if _in_tf1_graph() else None
+    if graph is None:
+        config.reductions.clear()  # (an inline trace given up builds them again)
+        graph = _function_trace(body, specs, name, holder)
+        captured = [ext for ext, _ in graph.captures]
+    else:
+        captured = graph.external
+    n_args = len(specs)
     structure = holder["structure"]
     n_leaves = len(tf.nest.flatten(structure))
     structure = tf.nest.pack_sequence_as(structure, list(range(n_leaves)))
@@ -279,8 +288,105 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
                       config.reductions, op_outputs)
 
 
+def _function_trace(body: Callable, specs, name: str, holder: dict):
+    """The body traced into a FuncGraph of its own."""
+    def traced(*flat_in):
+        outs = body(*flat_in)
+        # Returned ops must be converted even when no output depends on them (stateful ones
+        # are added by tf.function's automatic control dependencies).
+        control = tf.compat.v1.get_default_graph().control_outputs
+        control.extend(op for op in holder["ops"]
+                       if not op._is_stateful and op not in control)  # pylint: disable=protected-access
+        return outs
+
+    traced.__name__ = name
+    return tf.function(traced, autograph=False).get_concrete_function(*specs).graph
+
+
+#: Op types of TF1 (non-functional) control flow.
+V1_CONTROL_FLOW = frozenset({"Enter", "Exit", "Switch", "Merge", "NextIteration", "LoopCond",
+                             "RefEnter", "RefExit", "RefSwitch", "RefMerge",
+                             "RefNextIteration"})
+
+
+def _in_tf1_graph() -> bool:
+    """Building a TF1 graph (not eager, not inside a function or a TF1 control-flow body)."""
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return (not getattr(graph, "building_function", False)
+            and graph._get_control_flow_context() is None)  # pylint: disable=protected-access
+
+
+class GraphView:
+    """The ops a loop body created in the caller's (TF1) graph, seen as a function graph.
+
+    ``inputs`` are the per-iteration placeholders then the ``external`` tensors the body's
+    ops read; ``outputs`` the flat outputs; :meth:`get_operations` the body's ops in
+    creation order.  Everything else is the underlying graph's.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> with tf.Graph().as_default() as g:
+        ...     x = tf.constant(2.0)
+        ...     i = tf.compat.v1.placeholder(tf.int32, [])
+        ...     y = tf.cast(i, tf.float32) * x
+        ...     view = GraphView(g, [y.op.inputs[0].op, y.op], [i], [y])
+        >>> [t.name for t in view.external]
+        ['Const:0']
+    """
+
+    def __init__(self, graph: tf.Graph, ops: list, placeholders: list, outputs: list,
+                 control_outputs: Sequence = ()):
+        self.graph = graph
+        self._ops = list(ops)
+        members = set(self._ops)
+        external, seen = [], set()
+        for op in self._ops:
+            for t in op.inputs:
+                if t.op not in members and t.ref() not in seen:
+                    seen.add(t.ref())
+                    external.append(t)
+        placeholder_refs = {p.ref() for p in placeholders}
+        self.external = [t for t in external if t.ref() not in placeholder_refs]
+        self.inputs = list(placeholders) + self.external
+        self.outputs = list(outputs)
+        self.control_outputs = list(control_outputs)
+
+    def get_operations(self) -> list:
+        return list(self._ops)
+
+    def __getattr__(self, name):
+        return getattr(self.graph, name)
+
+
+#: Ops that create variables (loop-invariant state made once, not per iteration).
+_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable"})
+
+
+def _inline_trace(body: Callable, specs, holder: dict) -> GraphView | None:
+    """The body built in the caller's TF1 graph (None: it built TF1 control flow)."""
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    with tf.name_scope("loop_body"):
+        placeholders = [tf.compat.v1.placeholder_with_default(
+            tf.zeros([], s.dtype), []) if s.shape.rank == 0 and s.dtype.is_integer
+            else tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
+        outs = body(*placeholders)
+    new_ops = graph.get_operations()[before:]
+    if any(op.type in V1_CONTROL_FLOW for op in new_ops):
+        return None
+    placeholder_ops = {p.op for p in placeholders}
+    # Variables the body creates exist once, outside the loop: their ops are inputs.
+    body_ops = [op for op in new_ops
+                if op not in placeholder_ops and op.type not in _VARIABLE_OPS]
+    return GraphView(graph, [p.op for p in placeholders] + body_ops, placeholders, outs,
+                     holder["ops"])
+
+
 def _body_op(graph, op: tf.Operation) -> tf.Operation:
-    if op.graph is not graph:
+    if op.graph is not getattr(graph, "graph", graph) or (
+            isinstance(graph, GraphView) and op not in graph.get_operations()):
         raise VectorizationError(f"the loop body returned the operation {op.name}, which was "
                                  "not created by the loop body")
     return op

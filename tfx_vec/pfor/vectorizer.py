@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import warnings
@@ -144,23 +145,40 @@ class Vectorizer:
                 raise TypeError(f"convert_graph inputs must be WrappedTensor, got {w!r}")
             env[t.ref()] = w
         extra = {}  # a reduction's placeholder depends on the reduced values
+        underlying = getattr(graph, "graph", graph)   # (a trace.GraphView: the real graph)
+        members = set(graph.get_operations())
         for red_name, (red, _) in self.reductions.items():
-            if red.values and red.values[0].graph is graph:
+            if red.values and red.values[0].graph is underlying and red.values[0].op in members:
                 extra[graph.get_tensor_by_name(red_name).op] = [v.op for v in red.values]
-        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra)
+        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra,
+                             members)
         for op in _topological_order(graph, needed, extra):
             if not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
         return [env[t.ref()] for t in graph.outputs]
 
     def _convert_op(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
-        if not op.outputs:
-            graph = tf.compat.v1.get_default_graph()
-            before = len(graph.get_operations())
-            self._convert_op_outputs(op, env, loop_len)
-            self.side_effects[op] = graph.get_operations()[before:]
-        else:
-            self._convert_op_outputs(op, env, loop_len)
+        # The body's control dependencies (e.g. on a print) hold between the emitted ops.
+        deps = self._converted_control_inputs(op, env)
+        with tf.control_dependencies(deps) if deps else contextlib.nullcontext():
+            if not op.outputs:
+                graph = tf.compat.v1.get_default_graph()
+                before = len(graph.get_operations())
+                self._convert_op_outputs(op, env, loop_len)
+                self.side_effects[op] = graph.get_operations()[before:]
+            else:
+                self._convert_op_outputs(op, env, loop_len)
+
+    def _converted_control_inputs(self, op: tf.Operation, env: dict) -> list:
+        """The emitted ops standing for ``op``'s control inputs (those of this graph)."""
+        graph = tf.compat.v1.get_default_graph()
+        deps = []
+        for c in op.control_inputs:
+            if c in self.side_effects:
+                deps.extend(self.side_effects[c])
+            elif c.outputs and c.outputs[0].ref() in env:
+                deps.append(env[c.outputs[0].ref()].t.op)
+        return [d for d in deps if getattr(d, "graph", None) is graph]
 
     def _convert_op_outputs(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
         if op.type == "Placeholder":
@@ -333,13 +351,14 @@ def _is_stateful(op: tf.Operation) -> bool:
 
 
 def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Operation],
-                extra: dict | None = None) -> set:
-    """Ops the outputs depend on (through data and control edges, and ``extra`` ones)."""
+                extra: dict | None = None, members: set | None = None) -> set:
+    """Ops the outputs depend on (through data and control edges, and ``extra`` ones),
+    among ``members`` (the body's ops) when given."""
     seen: set = set()
     stack = [t.op for t in outputs] + list(control_outputs)
     while stack:
         op = stack.pop()
-        if op in seen:
+        if op in seen or (members is not None and op not in members):
             continue
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
