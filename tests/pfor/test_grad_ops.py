@@ -69,6 +69,40 @@ def test_conv2d_backprop_every_combination():
              rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("strides,dilations,padding", [
+    ([1, 2, 1, 1], 1, "SAME"), (1, 2, "VALID"), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]])],
+    ids=["strided", "dilated_valid", "explicit"])
+def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding):
+    """Under XLA, per-iteration filters and per-example filter gradients are one batched
+    matmul of patches (XLA's grouped convolutions are hundreds of times slower)."""
+    conv = lambda x, f: tf.nn.conv2d(x, f, strides, padding, dilations=dilations)  # noqa: E731
+    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, 3], [3, 2, 3, 4])
+    check_op(vjp(conv), [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
+             rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
+    check_op(conv, [rand(2, 6, 5, 3), rand(3, 2, 3, 4)], combos=[(True, True)],
+             modes=("xla",), rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_per_example_filter_gradient_under_xla():
+    conv = lambda x, f: tf.nn.conv3d(x, f, [1, 1, 2, 1, 1], "SAME")  # noqa: E731
+    def filter_grad(x, f, dy):
+        with tf.GradientTape() as tape:
+            tape.watch(f)
+            y = conv(x, f)
+        return tape.gradient(y, f, output_gradients=dy)
+    stacks = _conv_grad_stacks(conv, 3, [1, 4, 5, 4, 2], [2, 3, 2, 2, 3])
+    check_op(filter_grad, [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
+             rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
+
+
+def _conv_grad_stacks(conv, n, x_shape, f_shape):
+    """Per-iteration (images, filter, upstream) with the upstream shaped like the output."""
+    xs = np.stack([rand(*x_shape) for _ in range(n)])
+    fs = np.stack([rand(*f_shape) for _ in range(n)])
+    out_shape = conv(tf.constant(xs[0]), tf.constant(fs[0])).shape.as_list()
+    return [xs, fs, np.stack([rand(*out_shape) for _ in range(n)])]
+
+
 def test_conv2d_backprop_run_time_loop_length():
     conv = lambda x, f: tf.nn.conv2d(x, f, 1, "SAME")  # noqa: E731
     for combo in [(True, True, True), (False, True, True), (True, False, True)]:
