@@ -6,7 +6,8 @@ steps, the same LSTM as a dynamic ``tf.while_loop`` RNN, and a small VGG-style c
 
 - ``tfx_vec``: ``tfx_vec.jacobian(f, x)`` (pfor over the output rows);
 - ``while_loop``: ``tape.jacobian(..., experimental_use_pfor=False)``;
-- ``tf_pfor``: ``tape.jacobian(..., experimental_use_pfor=True)`` (TensorFlow's own pfor).
+- ``tf_pfor``: ``tape.jacobian(..., experimental_use_pfor=True)`` (TensorFlow's own pfor);
+- ``tfx_vec (jit_compile)``: ``tfx_vec.jacobian(f, x)`` inside ``tf.function(jit_compile=True)``.
 
 Run: ``.venv/bin/python -m benchmarks [--quick] jacobians``.
 """
@@ -61,6 +62,8 @@ def run(quick: bool) -> Report:
                 "tfx_vec": M.compiled(lambda x, f=f: jacobian(f, x)),
                 "while_loop": M.compiled(lambda x, f=f: _tape_jacobian(f, x, False)),
                 "tf_pfor": M.compiled(lambda x, f=f: _tape_jacobian(f, x, True)),
+                "tfx_vec (jit_compile)": M.compiled(lambda x, f=f: jacobian(f, x),
+                                                    jit_compile=True),
             }
             M.measure_interleaved(report, case, {k: (lambda fn=fn, x=x: fn(x))
                                                  for k, fn in impls.items()},

@@ -399,6 +399,8 @@ def _search_sorted(x: ConversionInput):
     iterations' values become ``n*M`` more values per row; otherwise the iterations fold into
     the batch rows."""
     sorted_in, values = x.input(0), x.input(1)
+    if x.vectorizer.xla and x.op.inputs[0].shape[-1] is not None:
+        return stacked(_binary_search(x))
     if not sorted_in.is_stacked:
         moved = move_axis(values.t, 0, 1)                          # [B, n, M]
         shape = tf.shape(moved)
@@ -409,6 +411,23 @@ def _search_sorted(x: ConversionInput):
     folded_values, _ = fold_batch(x.stacked_input(1))
     out = create_op_like(x.op, [folded_sorted, folded_values])[0]
     return stacked(unfold_batch(out, lead))
+
+def _binary_search(x: ConversionInput) -> tf.Tensor:
+    """searchsorted as ``ceil(log2(N + 1))`` steps of a vectorized binary search: XLA lowers
+    ``LowerBound``/``UpperBound`` to an ``N x M`` comparison, which the iterations multiply."""
+    sorted_in, values = x.stacked_input(0), x.stacked_input(1)       # [n, B, N], [n, B, M]
+    size = int(x.op.inputs[0].shape[-1])
+    right = x.op_type == "UpperBound"
+    lo = tf.zeros(tf.shape(values), tf.int32)
+    hi = tf.fill(tf.shape(values), size)
+    for _ in range(max(1, int(np.ceil(np.log2(size + 1))))):
+        mid = (lo + hi) // 2
+        probe = tf.gather(sorted_in, tf.minimum(mid, max(size - 1, 0)), batch_dims=2)
+        go_right = (probe <= values if right else probe < values) & (lo < hi)
+        lo = tf.where(go_right, mid + 1, lo)
+        hi = tf.where(go_right | (lo >= hi), hi, mid)
+    return tf.cast(lo, x.attr("out_type"))
+
 
 # {{{ creation
 
