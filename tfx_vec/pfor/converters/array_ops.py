@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (batch_folding, create_op_like,
+from tfx_vec.pfor.converters._helpers import (assert_same_across, batch_folding, create_op_like,
                                               elementwise, fold_batch, same_shape, unfold_batch,
                                               expand_after_batch, move_axis, per_iteration_rank,
                                               reemit_stacked, shift_axis, stacked, static_value)
@@ -281,7 +281,7 @@ def _gather_ranges(x: ConversionInput, axes, dtype):
     for k, stride, drop, bounds in axes:
         axis = k + 1 if t_stacked else k
         b, sizes = bounds(tf.cast(tf.shape(t)[axis], dtype))
-        size = tf.ones([], dtype) if sizes is None else _assert_same_across(
+        size = tf.ones([], dtype) if sizes is None else assert_same_across(
             x, sizes, "slice lengths differ across iterations")
         idx = b[:, None] + stride * tf.range(size, dtype=dtype)[None, :]   # [n, size]
         if t_stacked:
@@ -463,7 +463,7 @@ def _range(x: ConversionInput):
     else:
         size = tf.maximum(tf.math.ceil((limit - start) / delta), 0)
     size = tf.cast(size, tf.int32)
-    size0 = _assert_same_across(x, size, "tf.range lengths differ across iterations")
+    size0 = assert_same_across(x, size, "tf.range lengths differ across iterations")
     steps = tf.cast(tf.range(size0), dtype)
     return stacked(start[:, None] + delta[:, None] * steps[None, :])
 
@@ -587,19 +587,6 @@ def _invert_permutation(x: ConversionInput):
 # {{{ data-dependent shapes: equal per-iteration counts are fine, ragged ones are an error
 
 
-def _assert_same_across(x: ConversionInput, per_iteration: tf.Tensor, what: str) -> tf.Tensor:
-    """``per_iteration[0]``, after a run-time check that every iteration has the same value."""
-    first = tf.cond(tf.size(per_iteration) > 0, lambda: per_iteration[0],
-                    lambda: tf.zeros([], per_iteration.dtype)) if not x.vectorizer.xla \
-        else per_iteration[0]
-    check = tf.debugging.Assert(
-        tf.reduce_all(tf.equal(per_iteration, first)),
-        [runtime_message(x.op, what + " (a ragged result cannot be stacked); per-iteration "
-                               "values:"), per_iteration], summarize=20)
-    with tf.control_dependencies([check]):
-        return tf.identity(first)
-
-
 @register_converter("Where")
 def _where(x: ConversionInput):
     cond = x.input(0).t
@@ -608,7 +595,7 @@ def _where(x: ConversionInput):
         return None
     as_bool = cond if cond.dtype == tf.bool else tf.not_equal(cond, tf.zeros([], cond.dtype))
     counts = tf.reduce_sum(tf.cast(tf.reshape(as_bool, [tf.shape(as_bool)[0], -1]), tf.int32), 1)
-    count = _assert_same_across(x, counts, "the number of true elements differs across "
+    count = assert_same_across(x, counts, "the number of true elements differs across "
                                            "iterations")
     coords = tf.where(as_bool)[:, 1:]                       # row-major: grouped by iteration
     return stacked(tf.reshape(coords, tf.stack([-1, count, rank])))
@@ -624,7 +611,7 @@ def _unique(x: ConversionInput):
     earlier = tf.linalg.band_part(tf.ones([m, m], tf.bool), -1, 0) & ~tf.eye(m, dtype=tf.bool)
     is_first = ~tf.reduce_any(eq & earlier[None], axis=2)    # [n, m]
     counts = tf.reduce_sum(tf.cast(is_first, tf.int32), 1)
-    count = _assert_same_across(x, counts, "the number of unique values differs across "
+    count = assert_same_across(x, counts, "the number of unique values differs across "
                                            "iterations")
     y = tf.reshape(tf.boolean_mask(v, is_first), tf.stack([-1, count]))
     slot = tf.cumsum(tf.cast(is_first, tf.int32), axis=1) - 1   # position among the uniques
