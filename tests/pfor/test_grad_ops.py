@@ -293,3 +293,21 @@ def test_per_example_gradients_mlp_and_lstm():
     _per_example_check(loss_fn, weights, [rand(3, 5), rand(3, 2, 5)], 3, rtol=1e-4, atol=1e-4)
 
 # }}}
+
+
+def test_fused_batch_norm_grad_of_unknown_static_shape():
+    """Per-iteration statistics folded into channels with no static channel count."""
+    x, dy = tf.constant(rand(3, 2, 3, 4, 5)), tf.constant(rand(3, 2, 3, 4, 5))
+    scale, offset = tf.constant(rand(5, low=0.5)), tf.constant(rand(5))
+
+    def body(xs, dys):
+        def loop_fn(i):
+            xi = tf.gather(xs, i)
+            with tf.GradientTape() as tape:
+                tape.watch(xi)
+                y = tf.compat.v1.nn.fused_batch_norm(xi, scale, offset, is_training=True)[0]
+            return tape.gradient(y, xi, output_gradients=tf.gather(dys, i))
+        return tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False)
+    unknown = tf.function(body, input_signature=[tf.TensorSpec([None] * 5, tf.float32)] * 2)
+    np.testing.assert_allclose(unknown(x, dy).numpy(), tf.function(body)(x, dy).numpy(),
+                               rtol=1e-5, atol=1e-5)

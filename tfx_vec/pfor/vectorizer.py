@@ -125,6 +125,7 @@ class Vectorizer:
         self.fallbacks: list[tuple[str, str | None]] = []
         #: For each converted op without outputs (a side effect), the ops emitted for it.
         self.side_effects: dict[tf.Operation, list[tf.Operation]] = {}
+        self._inherited: dict[tf.Operation, frozenset] = {}
 
     # {{{ graph walk
 
@@ -170,15 +171,27 @@ class Vectorizer:
                 self._convert_op_outputs(op, env, loop_len)
 
     def _converted_control_inputs(self, op: tf.Operation, env: dict) -> list:
-        """The emitted ops standing for ``op``'s control inputs (those of this graph)."""
-        graph = tf.compat.v1.get_default_graph()
+        """The emitted ops standing for ``op``'s control inputs (those of this graph).
+
+        Side effects (ops without outputs, e.g. a print) are inherited along data edges too:
+        a converter may drop an input that carried the dependency (a constant axis read as a
+        Python value), so every op downstream of one keeps it.
+        """
+        inherited: set = set()
+        for t in op.inputs:
+            inherited |= self._inherited.get(t.op, frozenset())
         deps = []
         for c in op.control_inputs:
+            inherited |= self._inherited.get(c, frozenset())
             if c in self.side_effects:
-                deps.extend(self.side_effects[c])
+                inherited |= set(self.side_effects[c])
             elif c.outputs and c.outputs[0].ref() in env:
                 deps.append(env[c.outputs[0].ref()].t.op)
-        return [d for d in deps if getattr(d, "graph", None) is graph]
+        if inherited:
+            self._inherited[op] = frozenset(inherited)
+        graph = tf.compat.v1.get_default_graph()
+        return [d for d in deps + sorted(inherited, key=lambda o: o.name)
+                if getattr(d, "graph", None) is graph]
 
     def _convert_op_outputs(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
         if op.type == "Placeholder":
