@@ -182,3 +182,29 @@ def test_rebinding_a_global_tensor_hits_the_cache_and_is_seen():
         _G = tf.constant(v)
         assert tfx_vec.pfor(_uses_global, 2).numpy().tolist() == [v, v + 1]
     assert tfx_vec.pfor.cache_stats()["traces"] - before == 1
+
+
+PUBLIC_MODULES = ["tfx_vec.pfor", "tfx_vec.pfor.api", "tfx_vec.pfor.trace",
+                  "tfx_vec.pfor.vectorizer", "tfx_vec.pfor.registry", "tfx_vec.pfor.errors",
+                  "tfx_vec.pfor.gradients", "tfx_vec.pfor.data", "tfx_vec.pfor.composites",
+                  "tfx_vec.pfor.eager_cache"]
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_every_public_name_has_a_runnable_example(module):
+    import importlib
+    import inspect
+    m = importlib.import_module(module)
+    assert ">>>" in (m.__doc__ or ""), module
+    for name in m.__all__:
+        value = getattr(m, name)
+        if inspect.isfunction(value) or inspect.isclass(value):
+            assert ">>>" in (value.__doc__ or ""), f"{module}.{name} has no example"
+
+
+def test_data_submodule_needs_no_import():
+    import subprocess
+    import sys
+    code = "import tfx_vec; print(tfx_vec.pfor.data.map_and_batch.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "map_and_batch", out.stderr[-2000:]

@@ -66,7 +66,14 @@ def clear_cache() -> None:
 
 def call_cached(kind: str, fn: Callable, build: Callable[..., Any], static_key,
                 tensors: list, options) -> Any:
-    """``build(fn, *tensors)`` run as a cached concrete function (eager callers only)."""
+    """``build(fn, *tensors)`` run as a cached concrete function (eager callers only).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> build = lambda fn, t: fn(t) * 2.0
+        >>> float(call_cached("demo", lambda t: t + 1.0, build, None, [tf.constant(1.0)], ()))
+        4.0
+    """
     eager_functions = tf.config.functions_run_eagerly()
     if eager_functions:
         tf.config.run_functions_eagerly(False)

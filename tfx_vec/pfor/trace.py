@@ -151,6 +151,10 @@ class Leaf:
     ``kind``: ``"tensor"``, ``"none"``, ``"op"`` (index ``slots[0]`` into
     ``TracedBody.op_outputs``), ``"sparse"`` (indices, values, dense_shape) or
     ``"composite"`` (``spec._to_tensor_list`` of the per-iteration value).
+
+    Example:
+        >>> Leaf("sparse", (0, 1, 2)).kind
+        'sparse'
     """
 
     kind: str
@@ -160,7 +164,14 @@ class Leaf:
 
 @dataclasses.dataclass
 class TracedBody:
-    """A traced loop body: ``graph.inputs`` = the explicit args then the captured values."""
+    """A traced loop body: ``graph.inputs`` = the explicit args then the captured values.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> t = trace_function(lambda i: (i, None), [tf.TensorSpec([], tf.int32)])
+        >>> [leaf.kind for leaf in t.leaves], t.pack([7, None])
+        (['tensor', 'none'], (7, None))
+    """
 
     graph: Any                       # FuncGraph
     structure: Any                   # nested output structure (leaves: positions in `leaves`)
@@ -249,6 +260,12 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
     as in the rest of the user's graph (:class:`GraphView`); a body that builds TF1 control
     flow (``Switch``/``Merge``/``Enter`` ops) is traced into a function graph instead, where
     its loops and conditionals are functional.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> t = trace_function(lambda x: tf.reduce_sum(x), [tf.TensorSpec([3], tf.float32)])
+        >>> [o.shape.as_list() for o in t.graph.outputs]
+        [[]]
     """
     config = PforConfig(iters)
     holder: dict[str, Any] = {}

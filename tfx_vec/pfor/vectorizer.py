@@ -41,6 +41,9 @@ from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
 from tfx_vec.pfor.errors import VectorizationError, op_error, runtime_message, user_source_line
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, lookup, tile_to_stacked
 
+__all__ = ["Vectorizer", "FallbackReport", "fallback_report", "reset_fallbacks", "Reduction",
+           "per_iteration_loop", "RANDOMNESS"]
+
 RANDOMNESS = ("different", "same", "error")
 
 
@@ -48,7 +51,14 @@ RANDOMNESS = ("different", "same", "error")
 
 class FallbackReport(dict):
     """``{op_type: count}`` of ops that ran in a per-iteration loop; ``.sources`` gives the
-    user source lines (``{op_type: {"file:line": count}}``)."""
+    user source lines (``{op_type: {"file:line": count}}``).
+
+    Example:
+        >>> r = FallbackReport({"WriteFile": 2}, {"WriteFile": {"model.py:3": 2}})
+        >>> print(r)
+        pfor fallbacks (op type: count  [source lines]):
+          WriteFile: 2  [model.py:3 x2]
+    """
 
     def __init__(self, counts: dict[str, int], sources: dict[str, dict[str, int]]):
         super().__init__(counts)
@@ -83,7 +93,12 @@ def fallback_report() -> FallbackReport:
 
 
 def reset_fallbacks() -> None:
-    """Forget every recorded fallback."""
+    """Forget every recorded fallback.
+
+    Example:
+        >>> reset_fallbacks(); len(fallback_report())
+        0
+    """
     _FALLBACKS.clear()
 
 # }}}
@@ -93,7 +108,13 @@ def reset_fallbacks() -> None:
 class Reduction:
     """A cross-iteration reduction requested through ``config.reduce*`` in the loop body:
     ``fn`` of the per-iteration ``values`` (tensors of the traced graph) stacked over all
-    iterations."""
+    iterations.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> Reduction(lambda s: tf.reduce_sum(s, 0), []).values
+        []
+    """
 
     fn: Callable[..., Any]
     values: list
@@ -106,6 +127,18 @@ class Vectorizer:
     fallback loops), ``randomness`` ("different": each iteration draws its own random numbers;
     "same": one draw shared by all; "error": refuse random ops), ``xla`` (emitting inside a
     ``jit_compile=True`` trace, where data-dependent shapes are not allowed).
+
+    Example (what ``pfor`` does, written out):
+        >>> import tensorflow as tf
+        >>> from tfx_vec.pfor.trace import trace_function
+        >>> body = trace_function(lambda x: x * 3.0, [tf.TensorSpec([2], tf.float32)])
+        >>> @tf.function
+        ... def run(xs):
+        ...     out, = Vectorizer(tf.shape(xs)[0]).convert_graph(
+        ...         body.graph, [WrappedTensor(xs, True)] + body.capture_inputs())
+        ...     return out.t
+        >>> run(tf.ones([3, 2])).numpy().tolist()
+        [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """
 
     def __init__(self, loop_len: tf.Tensor | int, *, fallback_to_while_loop: bool = True,
@@ -297,6 +330,19 @@ def per_iteration_loop(op: tf.Operation, inputs: Sequence[WrappedTensor], loop_l
 
     Every output must have the same shape in every iteration; otherwise a run-time assertion
     fails with a message naming the op (turned into a VectorizationError by the eager API).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = tf.function(lambda x: tf.reduce_sum(x)).get_concrete_function(
+        ...     tf.TensorSpec([3], tf.float32)).graph
+        >>> op = [o for o in g.get_operations() if o.type == "Sum"][0]
+        >>> @tf.function
+        ... def run(xs):
+        ...     out, = per_iteration_loop(op, [WrappedTensor(xs, True),
+        ...                                    WrappedTensor(tf.constant(0), False)], 2)
+        ...     return out.t
+        >>> run(tf.ones([2, 3])).numpy().tolist()
+        [3.0, 3.0]
     """
     out_dtypes = [o.dtype for o in op.outputs]
     if not out_dtypes:  # side effects only (e.g. Assert, Print): run it, nothing to stack

@@ -22,6 +22,9 @@ from tfx_vec.pfor.converters._helpers import (assert_same_across, batch_folding,
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 elementwise("MatrixDiag", "MatrixDiagPart", "Bucketize", "RGBToHSV", "HSVToRGB",
             "AdjustContrastv2", "AdjustHue", "AdjustSaturation")
 same_shape("Cross")

@@ -49,6 +49,9 @@ from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_fol
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 same_shape("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
            "SoftsignGrad", "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad",
            "ReciprocalGrad", "InvGrad", "CholeskyGrad")

@@ -42,6 +42,9 @@ from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 # {{{ helpers
 

@@ -18,6 +18,9 @@ from tfx_vec.pfor.converters._helpers import (align_ranks, broadcasting, element
                                               reemit_stacked, same_shape, stacked, unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 # {{{ element-wise unary ops (one op per element, any shape)
 
 UNARY_OPS = (

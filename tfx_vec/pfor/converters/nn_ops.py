@@ -55,6 +55,9 @@ from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_l
                                              unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 # {{{ registration and folding utilities (shared with the other P2 modules)
 

@@ -47,7 +47,8 @@ def _from_variant(x: ConversionInput):
         return x.decline("only one ragged value per iteration is decoded here")
     ragged_rank = x.attr("output_ragged_rank")
     decoded = tf.raw_ops.RaggedTensorFromVariant(
-        encoded_ragged=x.input(0).t, input_ragged_rank=1, output_ragged_rank=ragged_rank + 1,
+        encoded_ragged=x.input(0).t, input_ragged_rank=ragged_rank,
+        output_ragged_rank=ragged_rank + 1,
         Tvalues=x.attr("Tvalues"), Tsplits=x.attr("Tsplits"))
     splits, values = decoded.output_nested_splits, decoded.output_dense_values
     starts, counts = splits[0][:-1], splits[0][1:] - splits[0][:-1]

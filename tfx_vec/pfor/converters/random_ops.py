@@ -36,6 +36,9 @@ import tensorflow as tf
 from tfx_vec.pfor.converters._helpers import create_op_like, move_axis, fold_batch, unfold_batch
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 MODES = ("different", "same", "error")
 
 
