@@ -289,7 +289,25 @@ def make_dp_model_class(cls: type) -> type:
                 if seed is None else int(seed)
 
         def train_step(self, data):
-            return _keras_dp_train_step(self, data)
+            logs = _keras_dp_train_step(self, data)
+            if _is_multi_worker(self.distribute_strategy):
+                # Keras 3 reduces logs across workers with a MEAN over axis 0, which a scalar
+                # does not have: give each value that axis.
+                logs = tf.nest.map_structure(lambda v: tf.reshape(v, [1]), logs)
+            return logs
+
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            # Keras 3 reduces the whole first batch structure with one strategy.reduce call,
+            # which MultiWorkerMirroredStrategy rejects: build from one replica's batch.
+            if iterator is not None and _is_multi_worker(self.distribute_strategy):
+                for _, _, it in iterator:
+                    data_batch = tf.nest.map_structure(
+                        lambda v: self.distribute_strategy.experimental_local_results(v)[0],
+                        next(it))
+                    break
+                with self.distribute_strategy.scope():
+                    return self._symbolic_build(data_batch=data_batch)
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
         def get_config(self):
             config = super().get_config()
@@ -327,6 +345,11 @@ def _keras_dp_train_step(model: keras.Model, data: Any) -> dict:
     if tracker is not None:
         tracker.update_state(tf.reduce_mean(out.losses), sample_weight=tf.size(out.losses))
     return model.compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
+        strategy.extended._num_workers > 1
 
 
 def _merge_microbatches(t: tf.Tensor) -> tf.Tensor:
