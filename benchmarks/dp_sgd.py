@@ -100,7 +100,7 @@ def make_train_steps(model, grads_fns: dict) -> dict:
     def train(grads_fn):
         @tf.function
         def step(batch):
-            g = grads_fn(batch, opt.iterations)
+            g = grads_fn(batch, tf.identity(opt.iterations.value))
             opt.apply_gradients(zip(g, model.trainable_variables))
             return g[0][0]
         return step
