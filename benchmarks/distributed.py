@@ -90,7 +90,7 @@ def _dp_sgd(strategy, sizes) -> dict:
     first = next(it)
     ops, nbytes = collective_bytes(step.get_concrete_function(first))
     for _ in range(2):
-        step(next(it)).values[0].numpy()
+        strategy.experimental_local_results(step(next(it)))[0].numpy()
     start = time.perf_counter()
     for _ in range(sizes["steps"]):
         r = step(next(it))

@@ -33,7 +33,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
@@ -277,6 +276,7 @@ def run_local_cluster(argv: Sequence[str], num_workers: int, *, timeout: float,
       check: raise :class:`WorkerFailedError` when a worker failed or was killed.
 
     Example:
+        >>> import sys
         >>> out = run_local_cluster([sys.executable, "-c", "print('hi')"], 2, timeout=30)
         >>> [(r.index, r.returncode, r.log.strip()) for r in out]
         [(0, 0, 'hi'), (1, 0, 'hi')]
