@@ -65,7 +65,7 @@ __all__ = ["OpRequest", "CpuOpKernel", "CudaLaunchSpec", "DEFAULT_CUDA_ARCH", "d
 #: the driver JIT-compiles it for any newer GPU (sm_80, sm_90, ...).
 DEFAULT_CUDA_ARCH = "compute_75"
 OPS = ("TcKernel", "TcCudaKernel")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+_IDENT = re.compile(r"[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*\Z")   # as the TC lexer's
 _ARCH = re.compile(r"(compute|sm)_[0-9]{2,3}[a-z]?\Z")
 # Bounds on what a request may hold before anything is parsed (a graph is untrusted input).
 _MAX_TC_CHARS = 1 << 20
