@@ -52,8 +52,9 @@ def test_the_graph_holds_the_tc_and_no_code():
     graph = f.get_concrete_function(tf.TensorSpec([9]), tf.TensorSpec([9])).graph
     (op,) = [op for op in graph.get_operations() if op.type == "TcKernel"]
     assert op.get_attr("tc").decode() == _saxpy() and op.get_attr("entry") == b"saxpy"
-    assert sorted(op.node_def.attr) == ["Tin", "Tout", "entry", "grad_key", "input_shapes",
-                                        "options", "output_shapes", "scalars", "tc"]
+    assert sorted(op.node_def.attr) == ["Tin", "Tout", "derivative", "entry", "grad_key",
+                                        "input_shapes", "options", "output_shapes", "scalars",
+                                        "tc"]
 
 
 def test_wrong_input_shape_is_an_error_not_an_out_of_bounds_read():

@@ -269,12 +269,15 @@ def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
     ops = [op for op in concrete.graph.get_operations() if op.type == "TcCudaKernel"]
     assert len(ops) == 2, [op.type for op in concrete.graph.get_operations()]
     forward = f.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]))
-    fwd = next(op for op in ops if op.get_attr("entry") == b"tmm")
+    fwd = next(op for op in ops if not op.get_attr("derivative"))
     assert fwd.get_attr("tc").decode() == TMM and "module" not in fwd.node_def.attr
     launches = op_builder.build(op_builder.request_for(fwd.node_def, [(40, 24), (50, 24)]))
     assert launches == forward and ".entry tc_tmm" in launches.module
-    bwd = next(op for op in ops if op is not fwd)
-    assert bwd.get_attr("entry").decode() == f.backward.entry
+    bwd = next(op for op in ops if op is not fwd)      # the backward TC, derived per shape
+    assert bwd.get_attr("tc").decode() == TMM and bwd.get_attr("derivative") == b'["A", "B"]'
+    assert op_builder.build(op_builder.request_for(bwd.node_def, [(40, 24), (50, 24), (40, 50)])
+                            ) == f.backward.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]),
+                                                      tf.ones([40, 50]))
 
 
 def test_savedmodel_with_the_gpu_op_reloads_with_its_attributes(tmp_path, monkeypatch):

@@ -44,6 +44,10 @@ def test_an_op_traced_with_an_unknown_batch_runs_every_size_with_its_gradient():
     ops = [op for op in graph.get_operations() if op.type == "TcKernel"]
     assert len(ops) == 2 and ops[0].outputs[0].shape.as_list() == [None, 5]
     assert ops[0].get_attr("input_shapes")[0].dim[0].size == -1
+    # the gradient op carries the forward TC: its backward TC is derived at each run's shapes
+    assert ops[1].get_attr("tc") == ops[0].get_attr("tc")
+    assert ops[1].get_attr("derivative") == b'["A", "B"]'
+    assert [o.shape.as_list() for o in ops[1].outputs] == [[None, 6], [5, 6]]
     rng = np.random.default_rng(0)
     B = random_array(rng, (5, 6))
     for m in (3, 32, 1, 17, 3):

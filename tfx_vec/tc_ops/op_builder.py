@@ -58,7 +58,7 @@ from .lang.types import canonical, np_dtype
 from .options import MappingOptions
 
 __all__ = ["OpRequest", "CpuOpKernel", "CudaLaunchSpec", "DEFAULT_CUDA_ARCH", "decode",
-           "request_for", "checked_def", "kernel_spec", "build", "serve", "output_specs", "index_inputs",
+           "request_for", "checked_def", "backward_def", "derivative_wrt", "kernel_spec", "build", "serve", "output_specs", "index_inputs",
            "cuda_ptx"]
 
 #: The virtual architecture PTX is generated for: the oldest CUDA 12/13's nvcc both accept, so
@@ -86,6 +86,9 @@ class OpRequest:
     output_dtypes: tuple[str, ...] = ()
     input_shapes: tuple[tuple[int, ...], ...] = ()
     cuda_arch: str = DEFAULT_CUDA_ARCH
+    # JSON list of input names: the op runs the backward TC of (tc, entry) with respect to
+    # them, derived here at the forward's concrete shapes (the forward's inputs come first).
+    derivative: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +172,7 @@ def request_for(node, input_shapes: Sequence[Sequence[int]]) -> OpRequest:
     return OpRequest(node.op, text("tc"), text("entry"), text("options"), text("scalars", "{}"),
                      tc_types("Tin"), tc_types("Tout"),
                      tuple(tuple(int(d) for d in s) for s in input_shapes),
-                     text("cuda_arch", DEFAULT_CUDA_ARCH))
+                     text("cuda_arch", DEFAULT_CUDA_ARCH), text("derivative"))
 
 
 # -- check the TC ---------------------------------------------------------------------------
@@ -188,6 +191,34 @@ def checked_def(tc: str, entry: str) -> CheckedDef:
     if len(found) > 1:
         raise TcNameError(f"def {entry} is defined twice", found[1].span, tc)
     return check(found[0], prog.source)
+
+
+def derivative_wrt(cdef: CheckedDef, derivative: str) -> tuple[str, ...]:
+    """The inputs a derivative request differentiates with respect to (JSON list of names of
+    floating-point tensor inputs of ``cdef``)."""
+    try:
+        wrt = json.loads(derivative)
+    except ValueError:
+        wrt = None
+    floats = [p.name for p in cdef.inputs if not p.is_scalar and p.dtype in ("float", "double",
+                                                                             "half")]
+    if not isinstance(wrt, list) or not wrt or any(n not in floats for n in wrt) or \
+            len(set(wrt)) != len(wrt):
+        raise TcNameError(f"{cdef.name}: the op's derivative attribute {_short(derivative)} must "
+                          f"list floating-point tensor inputs of the TC (those are {floats})")
+    return tuple(wrt)
+
+
+@functools.lru_cache(maxsize=256)
+def backward_def(tc: str, entry: str, wrt: tuple[str, ...]) -> CheckedDef:
+    """The backward TC of def ``entry`` of ``tc`` with respect to ``wrt``, checked: its
+    inputs are the forward's, then one gradient per forward output; it returns one gradient
+    per name of ``wrt``."""
+    from .grad import backward_tc
+
+    checked_def(tc, entry)
+    b = backward_tc(tc, entry, wrt)
+    return checked_def(b.source, b.entry)
 
 
 def index_inputs(cdef: CheckedDef) -> tuple[str, ...]:
@@ -286,8 +317,15 @@ def build(req: OpRequest) -> CpuOpKernel | CudaLaunchSpec:
     if req.op not in OPS:
         raise TcBackendError(f"no TC op is called {_short(req.op)}")
     cdef = checked_def(req.tc, req.entry)
-    options, scalars = _options(req, cdef), _scalars(req, cdef)
-    spec = kernel_spec(cdef, _shapes(req, cdef), scalars, options)
+    scalars = _scalars(req, cdef)
+    if req.derivative:   # the forward must be valid at its shapes before its backward is made
+        fwd_shapes = _shapes(dataclasses.replace(
+            req, input_dtypes=req.input_dtypes[:len(cdef.inputs)],
+            input_shapes=req.input_shapes[:len(cdef.inputs)],
+            output_dtypes=tuple(cdef.tensors[n].dtype for n in cdef.outputs)), cdef)
+        kernel_spec(cdef, fwd_shapes, scalars, MappingOptions.default_for(cdef.ast))
+        cdef = backward_def(req.tc, req.entry, derivative_wrt(cdef, req.derivative))
+    spec = kernel_spec(cdef, _shapes(req, cdef), scalars, _options(req, cdef))
     try:
         out = _build_cpu(spec) if req.op == "TcKernel" else _build_cuda(spec, req.cuda_arch)
     except TcError:

@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from . import native, op_builder
 from .errors import TcBackendError, TcCompileError, TcShapeError
+from .lang.types import np_dtype
 from .op_builder import DEFAULT_CUDA_ARCH, CudaLaunchSpec, OpRequest, cuda_ptx
 from .options import MappingOptions
 
@@ -210,17 +211,19 @@ def load_saved_model(path: str, **kwargs):
 
 # -- one op -------------------------------------------------------------------------------------
 def kernel_op(inputs: Sequence, *, tc: str, entry: str, options: MappingOptions | None = None,
-              grad_key: str = "") -> list[tf.Tensor]:
+              derivative: Sequence[str] = (), grad_key: str = "") -> list[tf.Tensor]:
     """Run def ``entry`` of the TC source ``tc`` as one ``TcKernel`` op on ``inputs``.
 
     Inputs may have dimensions unknown when the graph is built (``None``): the op makes a kernel
     for each concrete shape it meets.  Int scalars that size or index tensors must be constants.
+    With ``derivative`` (input names) the op runs the TC's backward TC with respect to them,
+    derived at each run's shapes, on the forward's inputs followed by one gradient per output.
     Returns the list of output tensors (their static shapes from range inference).
 
     Raises a TcError subclass for a bad TC or call (input count, dtypes, sizes).
     """
     lib = _library or load_op_library()
-    return _op(lib.tc_kernel, "TcKernel", inputs, tc, entry, options, grad_key)
+    return _op(lib.tc_kernel, "TcKernel", inputs, tc, entry, options, derivative, grad_key)
 
 
 def require_gpu() -> None:
@@ -236,7 +239,7 @@ def require_gpu() -> None:
 
 def cuda_kernel_op(inputs: Sequence, *, tc: str, entry: str,
                    options: MappingOptions | None = None, cuda_arch: str = DEFAULT_CUDA_ARCH,
-                   grad_key: str = "") -> list[tf.Tensor]:
+                   derivative: Sequence[str] = (), grad_key: str = "") -> list[tf.Tensor]:
     """Run def ``entry`` of ``tc`` as one ``TcCudaKernel`` op (placed on a GPU).
 
     Raises TcBackendError where TensorFlow has no GPU (checked first: the op has no CPU kernel).
@@ -247,26 +250,30 @@ def cuda_kernel_op(inputs: Sequence, *, tc: str, entry: str,
     """
     require_gpu()
     lib = _cuda_library or load_cuda_op_library()
-    return _op(lib.tc_cuda_kernel, "TcCudaKernel", inputs, tc, entry, options, grad_key,
-               cuda_arch=cuda_arch)
+    return _op(lib.tc_cuda_kernel, "TcCudaKernel", inputs, tc, entry, options, derivative,
+               grad_key, cuda_arch=cuda_arch)
 
 
 def _op(raw_op, op: str, inputs: Sequence, tc: str, entry: str,
-        options: MappingOptions | None, grad_key: str, **extra) -> list[tf.Tensor]:
+        options: MappingOptions | None, derivative: Sequence[str], grad_key: str,
+        **extra) -> list[tf.Tensor]:
     inputs = [tf.convert_to_tensor(x) for x in inputs]
     cdef = op_builder.checked_def(tc, entry)
     if options is not None and not isinstance(options, MappingOptions):
         from .errors import TcOptionsError
         raise TcOptionsError(f"{entry}: options must be a tc.MappingOptions, got "
                              f"{type(options).__name__}")
-    options_json = (options or MappingOptions.default_for(cdef.ast)).to_json()
+    options_json = "" if options is None else options.to_json()   # "": the TC's defaults
+    derivative_json = json.dumps(list(derivative)) if derivative else ""
     dtypes = tuple(x.dtype.name for x in inputs)
     shapes = tuple(None if x.shape.rank is None else tuple(x.shape.as_list()) for x in inputs)
     scalars = json.dumps(_static_scalars(cdef, inputs), sort_keys=True)
     out_shapes, out_dtypes = _signature(op, tc, entry, options_json, scalars, dtypes, shapes,
-                                        extra.get("cuda_arch", DEFAULT_CUDA_ARCH))
+                                        extra.get("cuda_arch", DEFAULT_CUDA_ARCH),
+                                        derivative_json)
     return raw_op(inputs=inputs, Tout=list(out_dtypes), tc=tc, entry=entry, options=options_json,
-                  scalars=scalars, input_shapes=[tf.TensorShape(s) for s in shapes],
+                  scalars=scalars, derivative=derivative_json,
+                  input_shapes=[tf.TensorShape(s) for s in shapes],
                   output_shapes=[tf.TensorShape(s) for s in out_shapes], grad_key=grad_key,
                   **extra)
 
@@ -285,12 +292,14 @@ def _static_scalars(cdef, inputs: list[tf.Tensor]) -> dict[str, int]:
 
 @functools.lru_cache(maxsize=1024)
 def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
-               dtypes: tuple[str, ...], shapes: tuple, cuda_arch: str) -> tuple:
+               dtypes: tuple[str, ...], shapes: tuple, cuda_arch: str, derivative: str) -> tuple:
     """(output shapes, output dtypes) of one call, checked as the op will check it; when every
     shape is known the kernel is built now, so a bad call is a TcError here, not at run time."""
-    from .lang.types import canonical, np_dtype
+    from .lang.types import canonical
 
     cdef = op_builder.checked_def(tc, entry)
+    if derivative:   # the backward TC's signature (the kernel is derived per shape)
+        cdef = op_builder.backward_def(tc, entry, op_builder.derivative_wrt(cdef, derivative))
     params = cdef.inputs
     if len(dtypes) != len(params):
         raise TcShapeError(f"{entry} takes {len(params)} input(s) "
@@ -304,7 +313,7 @@ def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
     if all(s is not None and None not in s for s in shapes):
         op_builder.build(OpRequest(op, tc, entry, options, scalars,
                                    tuple(p.dtype for p in params), tuple(t for _, t in specs),
-                                   tuple(tuple(s) for s in shapes), cuda_arch))
+                                   tuple(tuple(s) for s in shapes), cuda_arch, derivative))
     return (tuple(s for s, _ in specs),
             tuple(tf.as_dtype(np_dtype(t)) for _, t in specs))
 
@@ -368,28 +377,41 @@ class TcFunction:
                                         backend=self.backend, cuda_arch=self.cuda_arch)
         return self._backward
 
-    def cuda_spec(self, *inputs) -> CudaLaunchSpec:
-        """What the ``TcCudaKernel`` op launches for these inputs (PTX, kernels, grid/block,
-        temporaries): the builder's answer, made here; needs nvcc but no GPU."""
+    def _built(self, inputs: Sequence, op: str):
+        """The builder's answer for an ``op`` on inputs like these (made here, now)."""
         inputs = [tf.convert_to_tensor(x) for x in inputs]
-        options = (self.options or MappingOptions.default_for(self.cdef.ast)).to_json()
-        scalars = json.dumps(_static_scalars(self.cdef, inputs), sort_keys=True)
         return op_builder.build(OpRequest(
-            "TcCudaKernel", self.source, self.entry, options, scalars,
+            op, self.source, self.entry, "" if self.options is None else self.options.to_json(),
+            json.dumps(_static_scalars(self.cdef, inputs), sort_keys=True),
             tuple(p.dtype for p in self.cdef.inputs),
             tuple(self.cdef.tensors[n].dtype for n in self.cdef.outputs),
             tuple(tuple(x.shape.as_list()) for x in inputs), self.cuda_arch))
+
+    def cuda_spec(self, *inputs) -> CudaLaunchSpec:
+        """What the ``TcCudaKernel`` op launches for these inputs (PTX, kernels, grid/block,
+        temporaries): the builder's answer, made here; needs nvcc but no GPU."""
+        return self._built(inputs, "TcCudaKernel")
+
+    def kernel_source(self, *inputs) -> str:
+        """The code the op runs for inputs like these: C (cpu) or CUDA (cuda), generated here
+        from the TC as the op's builder generates it."""
+        if self.backend == "cuda":
+            return self.cuda_spec(*inputs).source
+        return self._built(inputs, "TcKernel").kernel.source
 
     @tf.autograph.experimental.do_not_convert
     def raw(self, *inputs, grad_key: str = "") -> list[tf.Tensor]:
         """The outputs; differentiable (through the registered op gradient) when ``grad_key``
         names this function's gradient."""
+        return self._op(inputs, grad_key=grad_key)
+
+    def _op(self, inputs: Sequence, **kwargs) -> list[tf.Tensor]:
         if self.backend == "cuda":
             require_gpu()  # before nvcc runs: without a GPU the op could never execute
             return cuda_kernel_op(inputs, tc=self.source, entry=self.entry, options=self.options,
-                                  cuda_arch=self.cuda_arch, grad_key=grad_key)
+                                  cuda_arch=self.cuda_arch, **kwargs)
         return kernel_op(inputs, tc=self.source, entry=self.entry, options=self.options,
-                         grad_key=grad_key)
+                         **kwargs)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *inputs):
@@ -406,13 +428,20 @@ class TcFunction:
                  outputs: Sequence[tf.Tensor] | None = None) -> list:
         """d(inputs) from the output gradients, via the backward TC (None for non-``wrt``).
 
-        ``outputs`` (the op's) give the shape of a missing output gradient (zeros) when it is
-        only known at run time.
+        A derived backward TC (``backward="auto"``) runs as an op that derives it at each run's
+        shapes (so dimensions unknown when the graph was traced are fine); a given one runs as
+        a plain op.  ``outputs`` (the op's) give the shapes of missing output gradients (zeros).
         """
         if outputs is None:
             outputs = self.raw(*inputs)
-        dys = [tf.zeros_like(y) if g is None else g for g, y in zip(grads, outputs)]
-        d = self.backward.raw(*inputs, *dys)
+        # the backward TC declares each output gradient's type (non-float outputs get zeros)
+        types = [tf.as_dtype(np_dtype(p.dtype)) for p in self.backward.cdef.inputs[len(inputs):]]
+        dys = [tf.zeros_like(y, t) if g is None else tf.cast(g, t)
+               for g, y, t in zip(grads, outputs, types)]
+        if self._backward_spec == "auto":
+            d = self._op([*inputs, *dys], derivative=self.wrt)
+        else:
+            d = self.backward.raw(*inputs, *dys)
         res: list = [None] * len(inputs)
         pos = {p.name: i for i, p in enumerate(self.cdef.inputs)}
         for k, name in enumerate(self.wrt):

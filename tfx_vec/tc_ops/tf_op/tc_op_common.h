@@ -2,8 +2,9 @@
 // function, the input-shape check, and how an op gets its kernel from the builder.
 //
 // A graph carries a Tensor Comprehension, never code: the op's attributes are the TC's source
-// text (`tc`), the def to run (`entry`), its mapping options (JSON) and the values of the int
-// scalars that size or index tensors (JSON).  The kernel for concrete input shapes comes from
+// text (`tc`), the def to run (`entry`), its mapping options (JSON), the values of the int
+// scalars that size or index tensors (JSON) and, for a gradient, the inputs it is taken with
+// respect to (`derivative`).  The kernel for concrete input shapes comes from
 // the *builder*: tfx_vec's own TC compiler in this process, registered from Python by
 // tfx_vec.tc_ops.tf_op.load_op_library() through tfx_vec_tc_set_builder().  It checks the
 // request (the TC parses and type-checks, dtypes and shapes match its signature, sizes are
@@ -44,6 +45,9 @@
       /* MappingOptions as JSON; int scalars that size or index tensors as JSON. */        \
       .Attr("options: string")                                                             \
       .Attr("scalars: string = '{}'")                                                      \
+      /* Non-empty: run the backward TC of the TC w.r.t. these inputs (JSON list), derived */ \
+      /* when the kernel is made, at the forward's shapes (its inputs come first). */         \
+      .Attr("derivative: string = ''")                                                     \
       /* Shapes as known when the graph was built (-1: any size, a kernel per size). */    \
       .Attr("input_shapes: list(shape)")                                                   \
       .Attr("output_shapes: list(shape)")                                                  \
