@@ -44,17 +44,22 @@ import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from tensorflow.core.framework import node_def_pb2
+from tensorflow.python.framework import dtypes
 
 from . import native
 from .backends import KernelSpec
 from .backends.bounds import MAX_EXTENT, check_native_bounds
-from .errors import (TcBackendError, TcCompileError, TcError, TcNameError, TcOptionsError,
-                     TcSecurityError, TcShapeError)
+from .backends.cpu import CpuBackend
+from .backends.cuda import CudaBackend
+from .errors import (TcBackendError, TcCompileError, TcError, TcNameError, TcSecurityError,
+                     TcShapeError)
+from .grad import backward_tc
 from .lang import ast as A
 from .lang import parse
 from .lang.ranges import infer_ranges
 from .lang.sema import CheckedDef, check
-from .lang.types import canonical, np_dtype
+from .lang.types import canonical
 from .options import MappingOptions
 
 __all__ = ["OpRequest", "CpuOpKernel", "CudaLaunchSpec", "DEFAULT_CUDA_ARCH", "decode",
@@ -144,8 +149,6 @@ class CudaLaunchSpec:
 # -- decode -------------------------------------------------------------------------------
 def decode(request: bytes) -> OpRequest:
     """The request an op sent: its serialized NodeDef plus ``_concrete_input_shapes``."""
-    from tensorflow.core.framework import node_def_pb2
-
     node = node_def_pb2.NodeDef.FromString(request)
     shapes = [[d.size for d in s.dim] for s in node.attr["_concrete_input_shapes"].list.shape]
     return request_for(node, shapes)
@@ -153,8 +156,6 @@ def decode(request: bytes) -> OpRequest:
 
 def request_for(node, input_shapes: Sequence[Sequence[int]]) -> OpRequest:
     """The request a TC op's NodeDef makes when it runs on inputs of these shapes."""
-    from tensorflow.python.framework import dtypes
-
     attr = node.attr
 
     def text(name: str, default: str = "") -> str:
@@ -214,8 +215,6 @@ def backward_def(tc: str, entry: str, wrt: tuple[str, ...]) -> CheckedDef:
     """The backward TC of def ``entry`` of ``tc`` with respect to ``wrt``, checked: its
     inputs are the forward's, then one gradient per forward output; it returns one gradient
     per name of ``wrt``."""
-    from .grad import backward_tc
-
     checked_def(tc, entry)
     b = backward_tc(tc, entry, wrt)
     return checked_def(b.source, b.entry)
@@ -340,15 +339,11 @@ def build(req: OpRequest) -> CpuOpKernel | CudaLaunchSpec:
 
 
 def _build_cpu(spec: KernelSpec) -> CpuOpKernel:
-    from .backends.cpu import CpuBackend
-
     kernel = CpuBackend().compile(spec)
     return CpuOpKernel(kernel, tuple(spec.ranges.shapes[n] for n in spec.cdef.outputs))
 
 
 def _build_cuda(spec: KernelSpec, arch: str) -> CudaLaunchSpec:
-    from .backends.cuda import CudaBackend
-
     cdef = spec.cdef
     if not _ARCH.match(arch):
         raise TcBackendError(f"{cdef.name}: cuda_arch {_short(arch)} is not a GPU architecture "
@@ -395,8 +390,6 @@ def serve(request: bytes) -> bytes:
     (cpu: ``function``, the entry point's address; cuda: ``module``, ``kernels``, ``grid``,
     ``block``, ``temp_bytes``), ``output_shapes`` and the ``scalar_inputs``/``scalar_values``
     the op must check each run; or ``error`` and ``error_code``."""
-    from tensorflow.core.framework import node_def_pb2
-
     reply = node_def_pb2.NodeDef()
     op, entry = "TcKernel", "?"
     try:

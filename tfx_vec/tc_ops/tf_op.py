@@ -42,10 +42,12 @@ import threading
 from typing import Sequence
 
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from . import native, op_builder
-from .errors import TcBackendError, TcCompileError, TcShapeError
-from .lang.types import np_dtype
+from .errors import TcBackendError, TcCompileError, TcOptionsError, TcShapeError
+from .grad import backward_tc
+from .lang.types import canonical, np_dtype
 from .op_builder import DEFAULT_CUDA_ARCH, CudaLaunchSpec, OpRequest, cuda_ptx
 from .options import MappingOptions
 
@@ -196,8 +198,6 @@ def load_saved_model(path: str, **kwargs):
     executed as code; each op's kernel is generated here from the TC it carries (built into an
     empty cache the first time it runs).
     """
-    from tensorflow.core.protobuf import saved_model_pb2
-
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         model = saved_model_pb2.SavedModel.FromString(f.read())
     ops = {n.op for mg in model.meta_graphs for n in mg.graph_def.node}
@@ -260,7 +260,6 @@ def _op(raw_op, op: str, inputs: Sequence, tc: str, entry: str,
     inputs = [tf.convert_to_tensor(x) for x in inputs]
     cdef = op_builder.checked_def(tc, entry)
     if options is not None and not isinstance(options, MappingOptions):
-        from .errors import TcOptionsError
         raise TcOptionsError(f"{entry}: options must be a tc.MappingOptions, got "
                              f"{type(options).__name__}")
     options_json = "" if options is None else options.to_json()   # "": the TC's defaults
@@ -295,7 +294,6 @@ def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
                dtypes: tuple[str, ...], shapes: tuple, cuda_arch: str, derivative: str) -> tuple:
     """(output shapes, output dtypes) of one call, checked as the op will check it; when every
     shape is known the kernel is built now, so a bad call is a TcError here, not at run time."""
-    from .lang.types import canonical
 
     cdef = op_builder.checked_def(tc, entry)
     if derivative:   # the backward TC's signature (the kernel is derived per shape)
@@ -370,7 +368,6 @@ class TcFunction:
             if spec is None:
                 raise TypeError(f"TC {self.entry} was made without a gradient (backward=None)")
             if spec == "auto":
-                from .grad import backward_tc
                 b = backward_tc(self.source, self.entry, self.wrt)
                 spec = (b.source, b.entry)
             self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options,
