@@ -7,6 +7,7 @@ dtypes.  Each gets a clear error and nothing executes: every attack would create
 and none appears.  A legitimate SavedModel reloads in a fresh process, with an empty cache and
 another user key (another machine), and runs at batch sizes it never saw."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,11 +17,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tests.support import require
 from tfx_vec.tc_ops import op_builder, tf_op
 
 SAXPY = """def saxpy(float(N) X, float(N) Y, float s) -> (O) {
     O(i) = s * X(i) + Y(i)
 }"""
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
 WINDOW = "def window(float(N) X, int32 k) -> (O) { O(i) = X(i) * 2 where i in 0:k }"
 
 
@@ -336,3 +339,57 @@ def test_builder_requests_are_decoded_from_the_node_alone():
     assert req == op_builder.OpRequest("TcKernel", SAXPY, "saxpy", "", "{}",
                                        ("float", "float", "float"), ("float",),
                                        ((5,), (5,), ()))
+
+
+# -- the GPU op: PTX from attributes is code too ------------------------------------------------
+def _cuda_node(**attrs) -> "tf.compat.v1.NodeDef":
+    """A TcCudaKernel NodeDef for tmm on (4, 3) x (5, 3), with ``attrs`` overriding."""
+    node = tf.compat.v1.NodeDef(op="TcCudaKernel", name="crafted")
+    node.attr["Tin"].list.type.extend([tf.float32.as_datatype_enum] * 2)
+    node.attr["Tout"].list.type.append(tf.float32.as_datatype_enum)
+    for name, value in {**dict(tc=TMM, entry="tmm", options="", scalars="{}", derivative="",
+                               cuda_arch="compute_75"), **attrs}.items():
+        node.attr[name].s = value.encode()
+    node.attr["_concrete_input_shapes"].list.shape.extend(
+        tf.TensorShape(s).as_proto() for s in [(4, 3), (5, 3)])
+    return node
+
+
+def test_a_crafted_gpu_op_request_gets_a_clear_error_and_runs_nothing(tmp_path):
+    """What the GPU op asks the builder (it runs only on a GPU; the request is the same here):
+    code, shell commands and traversal in its attributes are refused before nvcc runs."""
+    marker = tmp_path / "marker"
+    cases = [({"tc": _fill("{c}", marker)}, "TcSyntaxError"),
+             ({"cuda_arch": f"compute_75 -Xcompiler -DX=$(touch {marker})"},
+              "cuda_arch .* is not a GPU architecture"),
+             ({"entry": "../../x"}, "TcNameError"),
+             ({"options": '{"map_to_threads": [4096, 4096]}'}, "TcOptionsError")]
+    for attrs, message in cases:
+        reply = tf.compat.v1.NodeDef.FromString(
+            op_builder.serve(_cuda_node(**attrs).SerializeToString()))
+        error = reply.attr["error"].s.decode()
+        assert re.search(message, error) and error.startswith("TcCudaKernel tc_"), error
+    assert not marker.exists()
+
+
+def test_the_gpu_op_carries_no_ptx():
+    """A node in the old format (PTX, kernel names, launch sizes; no TC) does not import."""
+    require(tf_op.cuda_include_dir() is not None, "CUDA's cuda.h (a CUDA toolkit)")
+    tf_op.load_cuda_op_library()
+    node = _cuda_node()
+    for name in ("tc", "options"):
+        del node.attr[name]
+    node.attr["module"].s = b".version 8.0\n.target sm_75\n"
+    node.attr["input_shapes"].list.shape.extend(tf.TensorShape(s).as_proto()
+                                                for s in [(4, 3), (5, 3)])
+    node.attr["output_shapes"].list.shape.add().CopyFrom(tf.TensorShape((4, 5)).as_proto())
+    node.input.extend(["a", "b"])
+    graph = tf.compat.v1.GraphDef()
+    for name in "ab":
+        graph.node.add(name=name, op="Placeholder").attr["dtype"].type = \
+            tf.float32.as_datatype_enum
+    graph.node.append(node)
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="NodeDef missing attrs 'tc', "
+                                                                  "'options' from Op<name="
+                                                                  "TcCudaKernel"):
+        tf.graph_util.import_graph_def(graph, name="")
