@@ -63,8 +63,8 @@ from .lang.types import canonical
 from .options import MappingOptions
 
 __all__ = ["OpRequest", "CpuOpKernel", "CudaLaunchSpec", "DEFAULT_CUDA_ARCH", "decode",
-           "request_for", "checked_def", "backward_def", "derivative_wrt", "kernel_spec", "build", "serve", "output_specs", "index_inputs",
-           "cuda_ptx"]
+           "request_for", "checked_def", "backward_def", "derivative_wrt", "kernel_spec", "build",
+           "serve", "output_specs", "index_inputs", "cuda_ptx"]
 
 #: The virtual architecture PTX is generated for: the oldest CUDA 12/13's nvcc both accept, so
 #: the driver JIT-compiles it for any newer GPU (sm_80, sm_90, ...).

@@ -176,7 +176,8 @@ inline absl::Status Build(const OpKernel& op, const std::vector<TensorShape>& sh
     return TcOpError(absl::InternalError, op.def().op(), entry, "cannot serialize the request");
   const int rc = builder(bytes.data(), bytes.size(), &answer, &WriteReply);
   if (!reply->ParseFromString(answer))
-    return TcOpError(absl::InternalError, op.def().op(), entry, "the builder's reply is unreadable");
+    return TcOpError(absl::InternalError, op.def().op(), entry,
+                     "the builder's reply is unreadable");
   std::string error;
   if (::tensorflow::TryGetNodeAttr(*reply, "error", &error) && !error.empty()) {
     int64_t code = static_cast<int64_t>(absl::StatusCode::kInternal);
