@@ -8,6 +8,7 @@ write them there).  Keep each file's examples small: the whole file should take 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -43,6 +44,39 @@ WITH_EXAMPLES = [p for p in documentation() if python_blocks(p.read_text())]
 def test_examples_run_as_documented(doc, tmp_path):
     failure = run_doc(doc, timeout=DOC_TIMEOUT_S, cwd=tmp_path, shown=_name(doc), env=_env())
     assert failure is None, failure
+
+
+_FENCE = re.compile(r"^ *```(.*)$")
+_NOT_RUN = {"py", "python3", "pycon", "ipython", "py3", "Python"}
+
+
+def fence_problems(text: str) -> list[str]:
+    """Opening fences that would hide Python from the runner: no language, or Python spelt
+    another way than ``python`` (use ```text for output, ```sh for shell commands)."""
+    problems, inside = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _FENCE.match(line)
+        if not m:
+            continue
+        if inside:
+            inside = False
+            continue
+        inside, lang = True, m.group(1).strip()
+        if not lang or lang in _NOT_RUN:
+            problems.append(f"line {n}: ```{lang} (say ```python to have it run, or ```text, "
+                            "```sh ...)")
+    return problems
+
+
+@pytest.mark.parametrize("doc", documentation(), ids=_name)
+def test_every_code_block_says_its_language(doc):
+    problems = fence_problems(doc.read_text())
+    assert not problems, f"{_name(doc)}: " + "; ".join(problems)
+
+
+def test_the_fence_check():
+    text = "```python\nx\n```\n```\nout\n```\n```py\ny\n```\n```text\nz\n```\n"
+    assert [p.split(":")[0] for p in fence_problems(text)] == ["line 4", "line 7"]
 
 
 def test_readme_has_a_quickstart_per_subpackage():

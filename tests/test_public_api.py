@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pydoc
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -120,14 +123,12 @@ def test_the_example_pattern():
 
 
 def test_the_package_loads_subpackages_on_first_use():
-    import subprocess
-    import sys
     code = ("import sys, tfx_vec; assert 'tfx_vec.lazy' not in sys.modules; "
             "import tfx_vec as t; t.lazy.mark_step; t.autobatch.function; t.tc_ops.define; "
             "print(sorted(m for m in ('tfx_vec.lazy', 'tfx_vec.autobatch', 'tfx_vec.tc_ops') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "['tfx_vec.autobatch', 'tfx_vec.lazy', 'tfx_vec.tc_ops']"
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
