@@ -3,7 +3,7 @@
 # root with apt, then run.  Re-running skips what is already done.
 #
 # On a 2-core machine: `make test` (what CI runs, through .ci/run) takes about 10 minutes, the
-# install included; `make bench` about 25 minutes.  `make bench` runs every benchmark at small
+# install included; `make bench` about 35 minutes.  `make bench` runs every benchmark at small
 # sizes and writes benchmarks/results/quick/; full-size runs are `python -m benchmarks NAME`.
 PYTHON ?= python3
 VENV   := .venv
