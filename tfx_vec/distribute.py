@@ -45,11 +45,31 @@ __all__ = ["ClusterError", "WorkerFailedError", "multi_worker_strategy", "Sharde
 
 
 class ClusterError(RuntimeError):
-    """The cluster did not form: a worker never started, or TF_CONFIG is missing or wrong."""
+    """The cluster did not form: a worker never started, or TF_CONFIG is missing or wrong.
+
+    Example::
+
+        try:
+            strategy = multi_worker_strategy(join_timeout=30)
+        except ClusterError as e:   # "... worker 1 did not join ..."
+            sys.exit(f"no cluster: {e}")
+    """
 
 
 class WorkerFailedError(RuntimeError):
-    """A worker process of :func:`run_local_cluster` failed or ran past its deadline."""
+    """A worker process of :func:`run_local_cluster` failed or ran past its deadline.
+
+    ``results`` holds every worker's :class:`WorkerResult`; the message has each one's exit
+    code and the last lines of its log.
+
+    Example:
+        >>> import sys
+        >>> try:
+        ...     run_local_cluster([sys.executable, "-c", "raise SystemExit(3)"], 1, timeout=30)
+        ... except WorkerFailedError as e:
+        ...     print(e.results[0].returncode)
+        3
+    """
 
     def __init__(self, message: str, results: Sequence["WorkerResult"]):
         super().__init__(message)
@@ -79,6 +99,13 @@ def multi_worker_strategy(*, join_timeout: float = 60.0, heartbeat_timeout: floa
     Raises:
       ClusterError: no cluster in ``TF_CONFIG``, TF's runtime already started in this process,
         or a worker that did not join within ``join_timeout``.
+
+    Example::
+
+        # in every worker, TF_CONFIG set: {"cluster": {"worker": [...]}, "task": {...}}
+        strategy = multi_worker_strategy(join_timeout=60, heartbeat_timeout=10)
+        with strategy.scope():
+            model = make_model()
     """
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.distribute import multi_worker_util
@@ -129,6 +156,11 @@ replica order (replica ``r`` ran chains ``r*k .. r*k+k-1``, ``k = num_chains / r
 ``trace``: ``trace_fn``'s outputs gathered along their chain axis 1 (None without trace_fn).
 ``r_hat``: split potential scale reduction over all chains, per coordinate.
 ``ess``: effective sample size over all chains (cross-chain), per coordinate.
+
+Example::
+
+    out = sample_chains(500, x0, kernel, seed=(1, 2), strategy=strategy)
+    assert float(tf.reduce_max(out.r_hat)) < 1.01
 """
 
 
@@ -170,6 +202,12 @@ def sample_chains(num_results: int, current_state: Any, kernel: Any, *, seed: An
 
     Raises:
       ValueError: ``num_chains`` not divisible by the number of replicas.
+
+    Example:
+        >>> import tensorflow_probability as tfp
+        >>> kernel = tfp.mcmc.RandomWalkMetropolis(lambda x: -0.5 * tf.reduce_sum(x * x, -1))
+        >>> sample_chains(20, tf.zeros([6, 3]), kernel, seed=(5, 6)).draws.shape.as_list()
+        [20, 6, 3]
     """
     import tensorflow_probability as tfp
 
@@ -240,11 +278,23 @@ WorkerResult = collections.namedtuple("WorkerResult", ["index", "pid", "returnco
                                                        "seconds", "killed"])
 WorkerResult.__doc__ = """One worker of :func:`run_local_cluster`: its exit code (negative:
 killed by that signal), its combined stdout/stderr, its run time, and whether the launcher
-killed it (deadline passed, or a peer failed and it did not stop by itself in time)."""
+killed it (deadline passed, or a peer failed and it did not stop by itself in time).
+
+Example:
+    >>> import sys
+    >>> (r,) = run_local_cluster([sys.executable, "-c", "print(1)"], 1, timeout=30)
+    >>> r.returncode, r.killed
+    (0, False)
+"""
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now (all bound at once, then released)."""
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (all bound at once, then released).
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
     socks = []
     try:
         for _ in range(n):

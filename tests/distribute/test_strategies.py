@@ -128,11 +128,10 @@ def test_saved_model_from_two_workers_serves_in_a_fresh_process(multiworker):
     assert status["tc_loop"] == "ok", status["tc_loop"]
     x = arrays["tc_loop/serve_x"]
     np.save(out / "x.npy", x)
-    # Documented load path for a SavedModel holding TC ops: load the op library, then load.
-    script = ("import numpy as np, tensorflow as tf, sys\n"
+    # The documented load path for a SavedModel holding TC ops (docs/tc_ops_security.md).
+    script = ("import numpy as np\n"
               "from tfx_vec.tc_ops import tf_op\n"
-              "tf_op.load_op_library()\n"
-              f"m = tf.saved_model.load({str(out / 'saved')!r})\n"
+              f"m = tf_op.load_saved_model({str(out / 'saved')!r})\n"
               f"np.save({str(out / 'y.npy')!r}, m.serve(np.load({str(out / 'x.npy')!r})).numpy())\n")
     run_local_cluster([sys.executable, "-c", script], 1, timeout=120, tf_config=False)
     served = np.load(out / "y.npy")

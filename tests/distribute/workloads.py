@@ -217,14 +217,11 @@ def _weights(model) -> dict:
 
 def case_tc_fit(strategy):
     """A FusedMLP (TC op) in model.fit (Keras 3's fit: one worker, any number of replicas)."""
-    import tensorflow as tf
     model, opt, x, target = _tc_model_and_data(strategy)
     with strategy.scope():
         model.compile(opt, "mse")
-    # TC kernels are compiled per static shape: a dataset with drop_remainder=True keeps the
-    # per-replica batch static under a strategy (numpy inputs would leave it unknown).
-    ds = tf.data.Dataset.from_tensor_slices((x, target)).batch(GLOBAL_BATCH, drop_remainder=True)
-    h = model.fit(ds, epochs=2, verbose=0)
+    # NumPy inputs: the per-replica batch is unknown when Keras traces the step
+    h = model.fit(x, target, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
     return dict(_weights(model), loss=np.array(h.history["loss"]))
 
 
@@ -251,9 +248,7 @@ def case_tc_loop(strategy):
     export = os.environ.get(TC_EXPORT)
     if export and _worker_index() == 0:
         # Export the trained weights from a copy built outside the strategy (Keras 3 cannot
-        # export mirrored variables of a multi-worker strategy), as a tf.Module whose serving
-        # function has a static batch size (TC kernels are compiled per shape; a tracked Keras
-        # model would add a signature of unknown batch size).
+        # export mirrored variables of a multi-worker strategy) as a tf.Module.
         serving = _tc_model()
         serving.set_weights(model.get_weights())
         module = tf.Module()

@@ -60,6 +60,12 @@ DPGradients.__doc__ = """What :func:`dp_gradients` returns on this replica.
 ``losses``: ``[m]`` loss of each microbatch (each example, by default).
 ``norms``: ``[m]`` l2 norm of each microbatch's gradient before clipping.
 ``aux``: the auxiliary outputs of ``loss_fn``, stacked ``[m, ...]`` (None when it has none).
+
+Example::
+
+    out = dp_gradients(loss_fn, model.trainable_variables, batch, l2_norm_clip=1.0,
+                       noise_multiplier=1.1, seed=0, step=optimizer.iterations)
+    optimizer.apply_gradients(zip(out.grads, model.trainable_variables))
 """
 
 
@@ -223,6 +229,13 @@ def dp_gradients(loss_fn: Callable[[Any], Any], variables: Sequence[Any], batch:
       ValueError: bad options, a non-scalar loss, a batch that does not split evenly.
       tfx_vec.VectorizationError: ``loss_fn`` writes to a variable per example (for example
         batch normalization's moving statistics in training mode).
+
+    Example:
+        >>> w = tf.Variable([0.5, 0.5])
+        >>> out = dp_gradients(lambda mb: tf.reduce_sum(w * mb), [w], tf.ones([4, 2]),
+        ...                    l2_norm_clip=0.1, noise_multiplier=0.0, seed=0, step=0)
+        >>> [round(float(g), 4) for g in out.grads[0]], out.norms.shape.as_list()
+        ([0.0707, 0.0707], [4])
     """
     _check_dp_options(l2_norm_clip, noise_multiplier, num_microbatches)
     variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
@@ -316,7 +329,11 @@ def make_dp_model_class(cls: type) -> type:
             return config
 
     _DP.__name__ = _DP.__qualname__ = "DP" + cls.__name__
-    _DP.__doc__ = f"``{cls.__name__}`` trained with DP-SGD (see ``make_dp_model_class``)."
+    _DP.__doc__ = (f"``{cls.__name__}`` trained with DP-SGD (see ``make_dp_model_class``).\n\n"
+                   "Example::\n\n"
+                   f"    model = DP{cls.__name__}(..., l2_norm_clip=1.0, noise_multiplier=1.1)\n"
+                   "    model.compile(keras.optimizers.SGD(0.1), loss)\n"
+                   "    model.fit(x, y, batch_size=256)\n")
     return keras.saving.register_keras_serializable(package="tfx_vec")(_DP)
 
 
