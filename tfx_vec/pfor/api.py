@@ -253,9 +253,9 @@ def _place(w: WrappedTensor, original: tf.Tensor, ax, loop_len, n_static) -> tf.
                 f"(output {original.name} of the loop body)")
         return w.t
     t = w.t if w.is_stacked else tile_to_stacked(w.t, loop_len)
+    t.set_shape(tf.TensorShape([n_static]).concatenate(original.shape))
     if n_static is not None and t.shape.rank is not None:
         t.set_shape([n_static] + [None] * (t.shape.rank - 1))
-    t.set_shape(t.shape[:1].concatenate(original.shape))
     if ax != 0:
         if not -t.shape.rank <= ax < t.shape.rank:
             raise ValueError(f"vectorized_map: out_axes {ax} is invalid for an output of "
@@ -324,6 +324,9 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
             pieces.append(outs)
             done.append(size)
         flat = [tf.concat(p, 0) if len(p) > 1 else p[0] for p in zip(*pieces)]
+        for t, o in zip(flat, outputs):   # (TensorArray.concat forgets the static shape)
+            if o.dtype != tf.variant:
+                t.set_shape(tf.TensorShape([int(n_static)]).concatenate(o.shape))
     side = [[t.op for t in done] for _ in traced.op_outputs]
     return [WrappedTensor(t, True) for t in flat], side
 

@@ -258,8 +258,8 @@ def trace_function(fn: Callable, specs: Sequence[tf.TensorSpec], *, with_config:
     its own.  In a TF1 graph it is built in the caller's graph, as TensorFlow's pfor does, so
     that variables and layers it creates, graph collections and ``tf.compat.v1`` APIs behave
     as in the rest of the user's graph (:class:`GraphView`); a body that builds TF1 control
-    flow (``Switch``/``Merge``/``Enter`` ops) is traced into a function graph instead, where
-    its loops and conditionals are functional.
+    flow (``Switch``/``Merge``/``Enter`` ops) or a TF1 TensorArray is traced into a function
+    graph instead, where its loops, conditionals and arrays are functional.
 
     Example:
         >>> import tensorflow as tf
@@ -377,6 +377,10 @@ class GraphView:
         return getattr(self.graph, name)
 
 
+#: Ops a body creates that are vectorized in their functional form only: a TensorArray made
+#: in the body is a TensorList in a function graph.
+_FUNCTIONAL_ONLY = frozenset({"TensorArrayV3"})
+
 #: Ops that create variables (loop-invariant state made once, not per iteration).
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable"})
 
@@ -391,7 +395,7 @@ def _inline_trace(body: Callable, specs, holder: dict) -> GraphView | None:
             else tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
         outs = body(*placeholders)
     new_ops = graph.get_operations()[before:]
-    if any(op.type in V1_CONTROL_FLOW for op in new_ops):
+    if any(op.type in V1_CONTROL_FLOW or op.type in _FUNCTIONAL_ONLY for op in new_ops):
         return None
     placeholder_ops = {p.op for p in placeholders}
     # Variables the body creates exist once, outside the loop: their ops are inputs.

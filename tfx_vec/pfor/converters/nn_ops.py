@@ -59,7 +59,7 @@ from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_conve
 __all__: list[str] = []
 
 
-# {{{ registration and folding utilities (shared with the other P2 modules)
+# {{{ registration and folding utilities (shared with the other converter modules)
 
 def empty_outputs(x: ConversionInput) -> list[WrappedTensor] | None:
     """With a static loop length of 0: an empty ``[0, ...]`` value per output, else None."""
