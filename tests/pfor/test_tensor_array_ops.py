@@ -9,7 +9,8 @@ R = tf.raw_ops
 
 
 def _filled(values):
-    ta, flow = R.TensorArrayV3(size=len(values), dtype=tf.float32, clear_after_read=False)
+    ta, flow = R.TensorArrayV3(size=len(values), dtype=tf.float32, clear_after_read=False,
+                               element_shape=[])
     return ta, R.TensorArrayScatterV3(handle=ta, indices=list(range(len(values))),
                                       value=values, flow_in=flow)
 

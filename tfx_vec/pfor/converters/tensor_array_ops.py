@@ -54,8 +54,17 @@ def _read(x: ConversionInput):
     if not x.any_stacked:
         return _invariant(x)
     out = tf.raw_ops.TensorArrayGatherV3(handle=handle, indices=x.stacked_input(1),
-                                         flow_in=x.input(2).t, dtype=x.attr("dtype"))
+                                         flow_in=x.input(2).t, dtype=x.attr("dtype"),
+                                         element_shape=_element_shape(x.input(0).t))
     return [WrappedTensor(out, True)]
+
+
+def _element_shape(handle: tf.Tensor) -> tf.TensorShape:
+    """The array's element shape as its creating op declares it (unknown otherwise)."""
+    op = handle.op
+    if op.type == "TensorArrayV3":
+        return tf.TensorShape(op.get_attr("element_shape"))
+    return tf.TensorShape(None)
 
 
 @converter("TensorArrayGatherV3")
@@ -65,7 +74,8 @@ def _gather(x: ConversionInput):
         return _invariant(x)
     indices = x.stacked_input(1)                                        # [n, k]
     out = tf.raw_ops.TensorArrayGatherV3(handle=handle, indices=tf.reshape(indices, [-1]),
-                                         flow_in=x.input(2).t, dtype=x.attr("dtype"))
+                                         flow_in=x.input(2).t, dtype=x.attr("dtype"),
+                                         element_shape=_element_shape(handle))
     return [WrappedTensor(tf.reshape(out, tf.concat([tf.shape(indices), tf.shape(out)[1:]], 0)),
                           True)]
 
