@@ -54,7 +54,9 @@ def lstm_while(params, xs: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
     def body(t, h, c):
         h, c = lstm_cell(params, tf.gather(xs, t), h, c)
         return t + 1, h, c
-    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c))
+    # maximum_iterations: XLA compiles a while loop's gradient only with a bounded trip count
+    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c),
+                            maximum_iterations=tf.shape(xs)[0])
     return h
 
 # }}}
