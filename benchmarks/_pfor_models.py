@@ -47,16 +47,19 @@ def lstm_unrolled(params, xs: tf.Tensor, steps: int) -> tf.Tensor:
     return h
 
 
-def lstm_while(params, xs: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
-    """``xs: [T, d_in]`` -> hidden state after ``length`` steps (a ``tf.while_loop``)."""
+def lstm_while(params, xs: tf.Tensor, length: tf.Tensor, bounded: bool = False) -> tf.Tensor:
+    """``xs: [T, d_in]`` -> hidden state after ``length`` steps (a ``tf.while_loop``).
+
+    ``bounded``: ``maximum_iterations=T``, which XLA needs to compile the loop's gradient
+    (its accumulators get a fixed size); the other implementations run the plain loop.
+    """
     h, c = _state(params)
 
     def body(t, h, c):
         h, c = lstm_cell(params, tf.gather(xs, t), h, c)
         return t + 1, h, c
-    # maximum_iterations: XLA compiles a while loop's gradient only with a bounded trip count
-    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c),
-                            maximum_iterations=tf.shape(xs)[0])
+    bound = {"maximum_iterations": tf.shape(xs)[0]} if bounded else {}
+    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c), **bound)
     return h
 
 # }}}

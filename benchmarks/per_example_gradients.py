@@ -45,15 +45,15 @@ def _cases(quick: bool):
         logits = M.mnist_logits(mnist, image)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
-    def lstm_loss(example):
+    def lstm_loss(example, bounded=False):
         xs, label = example
-        h = M.lstm_while(lstm, xs, tf.shape(xs)[0])
+        h = M.lstm_while(lstm, xs, tf.shape(xs)[0], bounded)
         logits = tf.linalg.matvec(lstm[2], h, transpose_a=True)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
-    def lstm_varlen_loss(example):
+    def lstm_varlen_loss(example, bounded=False):
         xs, length, label = example
-        h = M.lstm_while(lstm, xs, length)
+        h = M.lstm_while(lstm, xs, length, bounded)
         logits = tf.linalg.matvec(lstm[2], h, transpose_a=True)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
@@ -103,7 +103,7 @@ def run(quick: bool) -> Report:
                                       per_example_gradients(f, v, batch, use_pfor=False)),
             "tf.vectorized_map": M.compiled(lambda batch, f=loss_fn, v=variables:
                                              _tf_vectorized_map(f, v, batch)),
-            JIT: M.compiled(lambda batch, f=loss_fn, v=variables:
+            JIT: M.compiled(lambda batch, f=_bounded(loss_fn), v=variables:
                             per_example_gradients(f, v, batch), jit_compile=True),
         }
         calls = {k: (lambda fn=fn, batch=batch: fn(batch)) for k, fn in impls.items()}
@@ -118,3 +118,11 @@ def run(quick: bool) -> Report:
 
 JIT = "tfx_vec (jit_compile)"
 JAX = "jax jit(vmap(grad))"
+
+
+def _bounded(loss_fn):
+    """The loss with its while loops bounded (``maximum_iterations``) for XLA, if it has any."""
+    import inspect
+    if "bounded" in inspect.signature(loss_fn).parameters:
+        return lambda example: loss_fn(example, bounded=True)
+    return loss_fn
