@@ -35,10 +35,11 @@ from . import runtime as _runtime
 from .metrics import reset_metrics
 from .runtime import barrier as _barrier
 from .runtime import clear_cache, configure
+from .custom_device import device
 from .tape import GradientTape
 from .tensor import LazyTensor, Variable, tensor, value
 
-__all__ = ["LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "wait", "GradientTape",
+__all__ = ["device", "LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "wait", "GradientTape",
            "metrics", "metrics_report", "reset_metrics", "ir_text", "configure",
            "set_fallback_error", "clear_cache", "covered_ops", "LazyError",
            "LazyFallbackError", "LazyRecompilationError", "LazyShapeError", "LazyCompileError",

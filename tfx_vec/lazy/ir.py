@@ -299,6 +299,8 @@ def key_hash(key: tuple) -> str:
 
 
 def _fmt_attr(node: Node) -> str:
+    if node.op == "raw":  # (TF op type, attribute bytes): the type is shown as the op
+        return ""
     if node.op in ("out", "const"):
         return repr(node.attrs[0])
     if node.op == "grad":
@@ -325,6 +327,7 @@ def text(outputs: Sequence[Node]) -> str:
         if node in roots:
             extra.append(f"ROOT={roots[node]}")
         tail = (", " + ", ".join(extra)) if extra else ""
-        lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {node.op}({args}){tail}")
+        op = node.attrs[0] if node.op == "raw" else node.op
+        lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {op}({args}){tail}")
     lines.append("}")
     return "\n".join(lines)

@@ -24,13 +24,16 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
 
 from . import ir, lowering, metrics
 from .errors import LazyCompileError, LazyFallbackError, LazyRecompilationError
@@ -115,9 +118,22 @@ def register(tensor: Any) -> None:
 
 
 def mark_variable(var: Any) -> None:
-    """Note that ``var``'s value was substituted and must be written back at the barrier."""
+    """Note that ``var``'s value was substituted and must be written back at the barrier.
+
+    Updates count toward ``max_graph_size`` like recorded tensors: a loop of ``assign_*``
+    without a barrier is cut too.
+    """
     _pending_vars[id(var)] = var
     _recorded[0] += 1
+    if _recorded[0] > CONFIG.max_graph_size:
+        metrics.bump("graph_size_cuts")
+        barrier("graph size limit")
+
+
+def forget_variable(var: Any) -> None:
+    """Drop ``var``'s pending update (the variable is being destroyed)."""
+    _pending_vars.pop(id(var), None)
+    var._node = var._read
 
 
 def user_frame() -> str:
@@ -166,6 +182,20 @@ def resolve(value: Any) -> Any:
     return value
 
 
+HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Run TensorFlow ops eagerly on the host device: the barrier's program, fallbacks and
+    constants are never recorded (not even inside ``lazy.device()`` or a ``tf.function``
+    being traced)."""
+    # Not ops.init_scope(): it stops gradient recording, and the program's replay traces
+    # tf.GradientTapes of its own.
+    with context.eager_mode(), ops.device(HOST):
+        yield
+
+
 def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     """Compute all live pending tensors and pending variable updates in one compiled program.
 
@@ -173,6 +203,11 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     releases the GIL), so Python records the next step meanwhile; its results are waited for
     by the first use of one of them, a forcing point or the next barrier.
     """
+    with on_host():
+        _barrier(cause, wait_for_results)
+
+
+def _barrier(cause: str, wait_for_results: bool) -> None:
     wait()  # the running program's outputs and variable updates are this one's inputs
     live = []
     for ref in _live:
@@ -350,7 +385,8 @@ def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -
         barrier(f"fallback tf.{name}")
     flat = [_eager(x) if isinstance(x, LazyTensor) else x for x in flat]
     args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
-    out = api(*args, **kwargs)
+    with on_host():
+        out = api(*args, **kwargs)
     return tf.nest.map_structure(
         lambda x: tensor(x) if isinstance(x, tf.Tensor) and not isinstance(
             x, tf.__internal__.SymbolicTensor) else x, out)
@@ -358,11 +394,16 @@ def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -
 
 def _eager(t: Any) -> tf.Tensor:
     """The materialized value of a lazy tensor that is not pending."""
-    node = t._node
+    return _eager_value(t._node)
+
+
+def _eager_value(node: Any) -> tf.Tensor:
+    """The host value of a leaf node (data, variable, baked constant or scalar)."""
     if node.op == "data":
         return resolve(node.value)
-    if node.op == "var":
-        wait()  # an update may be in flight
-        return node.value.read_value()
-    value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
-    return tf.constant(value, dtype)
+    with on_host():
+        if node.op == "var":
+            wait()  # an update may be in flight
+            return lowering.read_variable(node.value, node.dtype)
+        value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
+        return tf.constant(value, dtype)

@@ -324,7 +324,7 @@ def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
     """The eager ``tf.Tensor`` value of ``t`` (forcing a barrier when it is pending)."""
     if not isinstance(t, LazyTensor):
         return tf.convert_to_tensor(t)
-    if t._pending():
+    if t._pending() and t._node.op != "var":  # a variable's current value needs no program
         metrics.bump("forced")
         runtime.barrier(cause)
     return runtime._eager(t)
