@@ -393,6 +393,27 @@ PyObject* GetPayload(PyObject*, PyObject* args) {
   return out;
 }
 
+// A device tensor made outside an Execute() call (a recorded gradient's results).
+PyObject* MakeTensor(PyObject*, PyObject* args) {
+  PyObject *ctx_capsule, *spec;
+  const char* name;
+  if (!PyArg_ParseTuple(args, "OsO", &ctx_capsule, &name, &spec)) return nullptr;
+  TFE_Context* ctx = static_cast<TFE_Context*>(PyCapsule_GetPointer(ctx_capsule, nullptr));
+  if (ctx == nullptr) return nullptr;
+  // The device info is only needed for its name here.
+  Device dev{name, nullptr, nullptr, nullptr, {}};
+  TF_Status* s = TF_NewStatus();
+  TFE_TensorHandle* h = FromSpec(ctx, &dev, spec, s);
+  PyObject* out = nullptr;
+  if (h != nullptr && TF_GetCode(s) == TF_OK) {
+    out = EagerTensorFromHandle(h, false);
+  } else if (!PyErr_Occurred()) {
+    PyErr_SetString(PyExc_RuntimeError, TF_Message(s));
+  }
+  TF_DeleteStatus(s);
+  return out;
+}
+
 PyObject* HandleId(PyObject*, PyObject* t) {
   if (!EagerTensor_CheckExact(t)) {
     PyErr_SetString(PyExc_TypeError, "handle_id takes an EagerTensor");
@@ -435,6 +456,8 @@ PyMethodDef kMethods[] = {
     {"payload", GetPayload, METH_VARARGS,
      "payload(tensor, device_name) -> the payload of a tensor on that device, else None"},
     {"handle_id", HandleId, METH_O, "handle_id(tensor) -> identity of its tensor handle"},
+    {"make_tensor", MakeTensor, METH_VARARGS,
+     "make_tensor(context, device_name, (payload, dtype, dims)) -> a tensor on the device"},
     {"xla_ops", XlaOps, METH_NOARGS, "xla_ops() -> op types with an XLA kernel"},
     {"constant_args", ConstantArgs, METH_VARARGS,
      "constant_args(op) -> input args XLA needs as compile-time constants"},

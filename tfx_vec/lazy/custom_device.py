@@ -55,14 +55,14 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import errors_impl, ops
 from tensorflow.python.ops import handle_data_util
 
-from . import metrics, raw, runtime
+from . import ir, metrics, raw, runtime, tape_capture
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
-from .tensor import LazyTensor, _const, value
+from .tensor import LazyTensor, _const, force, value
 
 __all__ = ["device", "DEVICE_NAME", "HOST", "DeviceVariable", "native", "payload_of",
-           "is_device_tensor"]
+           "is_device_tensor", "make_tensor"]
 
 DEVICE_NAME = "/job:localhost/replica:0/task:0/device:LAZY:0"
 HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -100,6 +100,8 @@ def _register() -> None:
             return
         dev, info = native().capsules(DEVICE_NAME, _execute, _to_device, _from_device)
         context.context().register_custom_device(dev, DEVICE_NAME, info)
+        tape_capture.install()
+        runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         _registered[0] = True
 
 
@@ -141,6 +143,11 @@ def payload_of(t: Any) -> Any:
     return native().payload(t, DEVICE_NAME)
 
 
+def make_tensor(t: LazyTensor) -> tf.Tensor:
+    """A tensor on the device whose payload is ``t`` (outside an op's recording)."""
+    return native().make_tensor(context.context()._handle, DEVICE_NAME, _spec(t))
+
+
 def is_device_tensor(t: Any) -> bool:
     """Whether ``t`` is a tensor on the lazy device."""
     return payload_of(t) is not None
@@ -157,13 +164,14 @@ class DeviceVariable:
     """
 
     __slots__ = ("handle", "name", "dtype", "shape", "_read", "_node", "initialized",
-                 "__weakref__")
+                 "last_assign", "__weakref__")
 
     def __init__(self, handle: tf.Tensor, dtype: tf.DType, shape: tuple, name: str):
         self.handle, self.dtype, self.shape, self.name = handle, dtype, shape, name
         self._read = Node("var", (), (), shape, dtype, handle)
         self._node = self._read
         self.initialized = False
+        self.last_assign = -1   # creation stamp of the last assign (a gradient checks it)
 
     def _pending(self) -> bool:
         return self._node is not self._read
@@ -179,6 +187,7 @@ class DeviceVariable:
         self._check(node, what)
         self._node = node
         self.initialized = True
+        self.last_assign = next(ir.serials)
         runtime.mark_variable(self)
 
     def flush(self, cause: str) -> tf.Tensor:
@@ -331,12 +340,22 @@ def _spec(t: LazyTensor) -> tuple:
     return (t, n.dtype.as_datatype_enum, n.shape)
 
 
+_SCALAR_DTYPES = frozenset({tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32,
+                            tf.bool})
+
+
 def _node_of(x: Any) -> Node:
+    """The IR node of an op input: a lazy tensor's node, or a leaf for a host tensor (a rank-0
+    host value becomes a ``scalar`` parameter: all of a program's scalars travel in one
+    vector, instead of one argument each)."""
     if type(x) is LazyTensor:
         return x._node
     if type(x) is DeviceVariable:
         raise LazyError(f"the resource handle of variable {x.name!r} used as a value")
-    return Node("data", (), (), tuple(x._shape_tuple()), x.dtype, x)
+    shape = x._shape_tuple()
+    if not shape and x.dtype in _SCALAR_DTYPES:
+        return Node("scalar", (), (), (), x.dtype, x.numpy().item())
+    return Node("data", (), (), tuple(shape), x.dtype, x)
 
 
 _t_attrs_cache: dict = {}
@@ -376,7 +395,7 @@ def _record(op: raw.RawOp, nodes: list) -> list:
 def _small_known(n: Node) -> bool:
     if n.op == "const":
         return True
-    return n.op == "data" and n.dtype in _FOLDABLE_IN and \
+    return n.op in ("data", "scalar") and n.dtype in _FOLDABLE_IN and \
         int(np.prod(n.shape)) <= raw.FOLD_LIMIT
 
 
@@ -387,6 +406,8 @@ def _bake(x: Any, n: Node, op: raw.RawOp, position: int) -> Node:
     """The node of a compile-time constant input: its value, baked into the program."""
     if n.op == "const":
         return n
+    if n.op == "scalar":
+        return _const(n.value, n.dtype)
     if n.op != "data":
         if type(x) is not LazyTensor:
             raise LazyError(f"input {position} of {op.type} must be a compile-time constant")
@@ -447,6 +468,7 @@ _DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetN
 
 def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str) -> list:
     """Run the op on the host, as eager TensorFlow would, after forcing its lazy inputs."""
+    tape_capture.taint_recording(f"{kind} op {op.type}")
     if kind == "fallback":
         runtime.count_fallback(op.type, reason)
     else:
@@ -455,6 +477,10 @@ def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str)
             _check_function_call(op.type)
     if op.type in _DATA_FETCH:
         runtime.barrier("tf.data batch fetched")  # a new batch starts a step
+    elif any(type(x) is DeviceVariable for x in inputs):
+        # The op may update the variable in place: every pending read of it (and its pending
+        # update) is computed first.
+        runtime.barrier(f"{kind} op {op.type} uses a variable")
     values = []
     for x in inputs:
         if type(x) is LazyTensor:
@@ -499,5 +525,6 @@ def _to_device(t: tf.Tensor) -> tuple:
 def _from_device(payload: Any) -> tf.Tensor:
     if type(payload) is DeviceVariable:
         return payload.flush(f"variable {payload.name!r} read off the lazy device")
-    return value(payload, f"value read at {runtime.user_frame()}")
+    # tf.function captures a small eager tensor by value when it traces: so does this.
+    return force(payload, f"value read at {runtime.user_frame()}")
 # }}}

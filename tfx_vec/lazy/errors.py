@@ -13,6 +13,10 @@ __all__ = ["LazyError", "LazyFallbackError", "LazyRecompilationError", "LazyShap
 class LazyError(RuntimeError):
     """Root of every error raised by the lazy tensor runtime."""
 
+    # AutoGraph re-raises an error from traced code as its own type only when the type takes
+    # the message as Exception does; otherwise the user would see a StagingError.
+    __init__ = Exception.__init__
+
 
 class LazyFallbackError(LazyError):
     """An op with no lazy recording rule was called while fallbacks are errors."""

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, types_pb2
+from tensorflow.python.eager import execute
 from tensorflow.python.framework import op_def_registry
 
 from .ops import Spec, Unrecordable
@@ -181,8 +182,18 @@ def _placeholder(node: Any) -> Any:
 
 
 def call(op_type: str, attrs: bytes, values: list) -> Any:
-    """Rebuild the op in the graph being traced; one tensor, or a list for several outputs."""
+    """Rebuild the op in the graph being traced; one tensor, or a list for several outputs.
+
+    Like TensorFlow's generated op wrappers, the op is recorded on the active gradient tapes
+    (a recorded gradient replays the window under a ``tf.GradientTape``).
+    """
     g = tf.compat.v1.get_default_graph()
-    outs = g._create_op_internal(op_type, list(values), attrs=attr_map(attrs),
-                                 name="lazy").outputs
+    amap = attr_map(attrs)
+    op = g._create_op_internal(op_type, list(values), attrs=amap, name="lazy")
+    outs = op.outputs
+    if execute.must_record_gradient():
+        flat: list = []
+        for name in sorted(amap):
+            flat += [name, op.get_attr(name)]
+        execute.record_gradient(op_type, op.inputs, tuple(flat), outs)
     return outs[0] if len(outs) == 1 else list(outs)
