@@ -55,7 +55,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import errors_impl, ops
 from tensorflow.python.ops import handle_data_util
 
-from . import ir, metrics, raw, runtime, tape_capture
+from . import calls, ir, metrics, raw, runtime, tape_capture
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
@@ -132,6 +132,7 @@ def device() -> Iterator[None]:
     """
     _check_no_strategy("lazy.device() entered")
     _register()
+    calls.install_keras()
     with ops.device(DEVICE_NAME):
         yield
 

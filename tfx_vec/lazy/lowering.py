@@ -33,6 +33,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from . import raw
+from .calls import replay_call
 from .errors import LazyCompileError
 from .ops import OPS, call
 
@@ -84,7 +85,8 @@ def build(key: tuple, jit: bool = True) -> Callable:
             var_pos[i] = k
             k += 1
     # A variable only written (its first assignment) is not read: it may be uninitialized.
-    read = {j for e in entries if e[0] not in leaf or e[0] == "out" for j in e[3]}
+    read = {j for e in entries if e[0] not in leaf or e[0] == "out"
+            for j in (e[3][:e[1][1]] if e[0] == "call" else e[3])}
     read.update(outputs)
 
     def replay(data: list, scalars: tf.Tensor, variables: list) -> list:
@@ -122,6 +124,11 @@ def build(key: tuple, jit: bool = True) -> Callable:
                 elif op == "grad":
                     with paused:
                         v = _grad(tapes[i], e, values)
+                elif op == "call":   # a library call (calls.py) on the program's variables
+                    token, n_in = e[1]
+                    with paused:
+                        v = replay_call(token, [values[j] for j in e[3][:n_in]],
+                                        [variables[var_pos[j]] for j in e[3][n_in:]])
                 else:
                     layout, attrs = e[1]
                     try:
