@@ -459,19 +459,23 @@ PROGRAMS: dict[str, type[Program]] = {p.name: p for p in (
 
 # {{{ running them
 
-def train(program: Program, steps: int, mode: str = "eager", read_loss: bool = True
-          ) -> tuple[list[float], Run]:
-    """Train ``program`` for ``steps`` batches in ``mode`` ("eager" or "lazy"); the losses (read
-    after every step) and the built run."""
+def train(program: Program, steps: int, mode: str = "eager", read_loss: bool = True,
+          after_step: Callable[[int], None] | None = None) -> tuple[list[float], Run]:
+    """Train ``program`` for ``steps`` batches in ``mode`` ("eager", "lazy" or "jit": the step in
+    ``tf.function(jit_compile=True)``); the losses (read after every step, or at the end) and
+    the built run.  ``after_step(i)`` runs after step ``i``."""
     losses: list = []
 
     def loop() -> Run:
         run = program.make()
-        for x, y in program.data(steps):
-            loss = run.step(x, y)
+        step = tf.function(run.step, jit_compile=True) if mode == "jit" else run.step
+        for i, (x, y) in enumerate(program.data(steps)):
+            loss = step(x, y)
             if mode == "lazy":
                 lazy.mark_step()
             losses.append(float(loss) if read_loss else loss)
+            if after_step is not None:
+                after_step(i)
         return run
     if mode == "lazy":
         with lazy.device():

@@ -32,15 +32,16 @@ from .errors import (LazyCompileError, LazyError, LazyFallbackError, LazyGradien
                      LazyRecompilationError, LazyShapeError)
 from . import metrics as _metrics
 from . import runtime as _runtime
-from .metrics import reset_metrics
+from .metrics import fallback_sites, recompilations, reset_metrics
 from .runtime import barrier as _barrier
 from .runtime import clear_cache, configure
+from . import custom_device as _custom_device
 from .custom_device import device
 from .tape import GradientTape
 from .tensor import LazyTensor, Variable, tensor, value
 
 __all__ = ["device", "LazyTensor", "Variable", "tensor", "to_tensor", "mark_step", "wait", "GradientTape",
-           "metrics", "metrics_report", "reset_metrics", "ir_text", "configure",
+           "metrics", "metrics_report", "reset_metrics", "fallback_sites", "recompilations", "ir_text", "configure",
            "set_fallback_error", "clear_cache", "covered_ops", "LazyError",
            "LazyFallbackError", "LazyRecompilationError", "LazyShapeError", "LazyCompileError",
            "LazyGradientError"]
@@ -56,6 +57,7 @@ def mark_step(wait: bool = True) -> None:
     releases the GIL); any use of a result waits for it.  Blocking is the default: on this
     project's shared 2-core machine the overlap measured between 0.68x and 1.17x of it.
     """
+    _runtime.check_no_strategy("lazy.mark_step()")
     _barrier("mark_step", wait_for_results=wait)
     if wait:
         _runtime.wait()
@@ -88,9 +90,16 @@ def set_fallback_error(flag: bool = True) -> None:
     configure(fallback_error=flag)
 
 
-def ir_text(*tensors: LazyTensor) -> str:
-    """The pending IR behind ``tensors``, one node per line with shapes (paper, Figure 1)."""
-    return _ir.text([t._node for t in tensors])
+def ir_text(*tensors: Any) -> str:
+    """The pending IR behind ``tensors`` (lazy tensors, or tensors on the lazy device), one node
+    per line with shapes (paper, Figure 1)."""
+    nodes = []
+    for t in tensors:
+        payload = t if isinstance(t, LazyTensor) else _custom_device.payload_of(t)
+        if payload is None:
+            raise TypeError(f"lazy.ir_text takes lazy tensors, got {type(t).__name__}")
+        nodes.append(payload._node)
+    return _ir.text(nodes)
 
 
 def covered_ops() -> list[str]:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from . import metrics, tape_capture
+from . import metrics, runtime, tape_capture
 from .ir import Node
 from .tensor import LazyTensor
 
@@ -106,6 +106,8 @@ def _state_of(v: Any) -> Any:
 def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
     """(gradient nodes, variable states, tf.Variables, Keras variables) or a reason string."""
     from .custom_device import payload_of
+    if not runtime.CONFIG.record_calls:
+        return "lazy.configure(record_calls=False)"
     if not getattr(optimizer, "built", False) or trainable_variables is None:
         return "not built"
     if tape_capture._recording or not tf.executing_eagerly():

@@ -50,7 +50,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.eager import context
 from tensorflow.python.framework import errors_impl, ops
 from tensorflow.python.ops import handle_data_util
@@ -105,16 +104,6 @@ def _register() -> None:
         _registered[0] = True
 
 
-def _check_no_strategy(where: str) -> None:
-    if distribute_lib.has_strategy():
-        strategy = type(distribute_lib.get_strategy()).__name__
-        raise LazyError(
-            f"{where} under a tf.distribute strategy ({strategy}): lazy.device() records one "
-            "device's ops and does not replicate them; run the strategy's own compiled step "
-            "(strategy.run inside tf.function(jit_compile=True)) instead, or use lazy.device() "
-            "outside strategy.scope()")
-
-
 @contextlib.contextmanager
 def device() -> Iterator[None]:
     """Run the enclosed eager TensorFlow code lazily on the ``LAZY:0`` custom device.
@@ -130,7 +119,7 @@ def device() -> Iterator[None]:
     >>> x.device.endswith("LAZY:0"), x.numpy().tolist()
     (True, [3.0, 6.0])
     """
-    _check_no_strategy("lazy.device() entered")
+    runtime.check_no_strategy("lazy.device() entered")
     _register()
     calls.install_keras()
     with ops.device(DEVICE_NAME):
@@ -203,6 +192,7 @@ class DeviceVariable:
 
 
 def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    runtime.check_no_strategy("a variable was created on the lazy device")
     (handle,) = _host_run(cap, [], HOST)
     amap = raw.attr_map(attrs)
     dtype = tf.as_dtype(amap["dtype"].type)
@@ -220,10 +210,11 @@ def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
 def _variable(x: Any, op_type: str) -> DeviceVariable:
     if type(x) is DeviceVariable:
         return x
+    runtime.check_no_strategy(f"{op_type} on a variable")
     raise LazyError(
-        f"{op_type} on a variable created outside lazy.device() (at {runtime.user_frame()}): "
-        "its reads and updates would run eagerly beside the lazy program.  Create the model, "
-        "optimizer and metrics inside `with lazy.device():`")
+        f"{op_type} on a variable created outside lazy.device() or by a tf.distribute strategy "
+        f"(at {runtime.user_frame()}): its reads and updates would run eagerly beside the lazy "
+        "program.  Create the model, optimizer and metrics inside `with lazy.device():`")
 
 
 def _read_variable(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
@@ -428,9 +419,25 @@ def _freeze_array(arr: np.ndarray) -> Any:
     return tup(items)
 
 
+_owner: list = [None]   # the thread that uses the device (the runtime's state is global)
+
+
+def _check_thread() -> None:
+    ident = threading.get_ident()
+    if ident != _owner[0]:
+        if _owner[0] is None:
+            _owner[0] = ident
+            return
+        runtime.check_no_strategy("a lazy tensor was used")
+        raise LazyError(f"a lazy device tensor was used from a second thread (at "
+                        f"{runtime.user_frame()}): the lazy runtime records one thread's ops")
+
+
 def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     """The device's execute callback: record the op (or run it on the host) and return output
     specs (see ``custom_device.cc``)."""
+    if threading.get_ident() != _owner[0]:
+        _check_thread()
     special = _SPECIAL.get(op_type)
     if special is not None:
         return special(op_type, attrs, inputs, cap)
@@ -524,6 +531,9 @@ def _to_device(t: tf.Tensor) -> tuple:
 
 
 def _from_device(payload: Any) -> tf.Tensor:
+    if threading.get_ident() != _owner[0]:
+        _check_thread()
+    runtime.check_no_strategy("a lazy tensor was read")
     if type(payload) is DeviceVariable:
         return payload.flush(f"variable {payload.name!r} read off the lazy device")
     # tf.function captures a small eager tensor by value when it traces: so does this.

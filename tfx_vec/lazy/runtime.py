@@ -33,14 +33,15 @@ from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 
 from . import ir, lowering, metrics
-from .errors import LazyCompileError, LazyFallbackError, LazyRecompilationError
+from .errors import LazyCompileError, LazyError, LazyFallbackError, LazyRecompilationError
 
 __all__ = ["barrier", "wait", "resolve", "configure", "clear_cache", "fallback", "user_frame",
-           "register", "mark_variable"]
+           "register", "mark_variable", "forget_variable", "on_host", "check_no_strategy"]
 
 
 class _Config:
@@ -49,6 +50,8 @@ class _Config:
     cache_size = 128                     # compiled programs kept (LRU)
     max_graph_size = 10000               # nodes recorded before an automatic barrier
     trace_cache = True                   # reuse canonical programs of repeated recordings
+    record_calls = True                  # tf.GradientTape gradients, Keras optimizer updates:
+    #                                      one node each inside lazy.device()
 
 
 CONFIG = _Config()
@@ -85,9 +88,21 @@ def _checked(name: str, value: Any, kind: str) -> Any:
     return int(value)
 
 
+def check_no_strategy(where: str) -> None:
+    """A :class:`LazyError` when a ``tf.distribute`` strategy (other than the default) is in
+    scope: the lazy runtime records one device's ops in one thread and does not replicate."""
+    if distribute_lib.has_strategy():
+        strategy = type(distribute_lib.get_strategy()).__name__
+        raise LazyError(
+            f"{where} under a tf.distribute strategy ({strategy}): tfx_vec.lazy records one "
+            "device's ops in one thread and does not replicate them.  Run the strategy's own "
+            "compiled step (strategy.run inside tf.function(jit_compile=True)) instead, or use "
+            "tfx_vec.lazy outside strategy.scope()")
+
+
 def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
               cache_size: int = _KEEP, max_graph_size: int = _KEEP,
-              trace_cache: bool = _KEEP) -> dict:
+              trace_cache: bool = _KEEP, record_calls: bool = _KEEP) -> dict:
     """Set runtime options (each argument checked at once; omitted ones are kept); returns the
     current settings.
 
@@ -101,6 +116,9 @@ def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
             trace automatically.
         trace_cache: reuse the canonical program of a step that recorded the same ops as an
             earlier one, skipping the graph walk at the barrier (on by default).
+        record_calls: inside ``lazy.device()``, record a ``tf.GradientTape`` gradient and a
+            Keras optimizer update as one node each, replayed by TensorFlow's and Keras' own
+            code in the compiled program (on by default); ``False`` records them op by op.
 
     >>> configure(max_graph_size=5000)["max_graph_size"]
     5000
@@ -112,7 +130,8 @@ def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
     settings = {name: _checked(name, value, kind) for name, value, kind in (
         ("fallback_error", fallback_error, "bool"), ("max_graphs", max_graphs, "count or None"),
         ("cache_size", cache_size, "count"), ("max_graph_size", max_graph_size, "count"),
-        ("trace_cache", trace_cache, "bool")) if value is not _KEEP}
+        ("trace_cache", trace_cache, "bool"), ("record_calls", record_calls, "bool"))
+        if value is not _KEEP}
     for name, value in settings.items():
         setattr(CONFIG, name, value)
     if "max_graphs" in settings:
@@ -123,7 +142,7 @@ def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
         _traces.popitem(last=False)
     return {"fallback_error": CONFIG.fallback_error, "max_graphs": CONFIG.max_graphs,
             "cache_size": CONFIG.cache_size, "max_graph_size": CONFIG.max_graph_size,
-            "trace_cache": CONFIG.trace_cache}
+            "trace_cache": CONFIG.trace_cache, "record_calls": CONFIG.record_calls}
 
 
 def clear_cache() -> None:

@@ -112,6 +112,13 @@ class GradientTape:
         t_node = self._symbolic(target._node, memo)
         ancestors = _ancestors(t_node, start, end)
         flat = _flatten(sources)
+        if not flat and any(n.op == "var" for n in ancestors):
+            raise LazyGradientError(
+                f"lazy.GradientTape.gradient with no sources, but the target depends on "
+                f"lazy.Variables (at {runtime.user_frame()}): tf.Module.variables and "
+                "trainable_variables list tf.Variables only, not lazy.Variables.  Pass the "
+                "lazy.Variables explicitly, or write the model with tf.Variable inside "
+                "`with lazy.device():` (then tf.Module, Keras and tf.GradientTape see them)")
         picked, nodes = [], []
         for k, s in enumerate(flat):
             if not isinstance(s, LazyTensor):

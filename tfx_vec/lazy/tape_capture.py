@@ -50,7 +50,7 @@ from tensorflow.python.eager import imperative_grad as _imperative_grad_module
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import tape as _tape_module
 
-from . import ir, metrics
+from . import ir, metrics, runtime
 from .ir import LEAF_OPS, Node
 from .tape import _ancestors
 from .tensor import LazyTensor
@@ -158,6 +158,8 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
     """The nodes of a gradient that can be recorded as one node, or the reason it cannot
     ("" when no lazy tensor is involved)."""
     from .custom_device import DeviceVariable, payload_of
+    if not runtime.CONFIG.record_calls:
+        return ""
     if len(targets) != 1:
         return "several targets" if any(payload_of(t) is not None for t in targets) else ""
     target = payload_of(targets[0])
@@ -173,7 +175,10 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
     if any(s is not state for s in _recording.values()):
         return "another tape is recording"
     start, end = state.start, state.end if state.end is not None else next(ir.serials)
-    watched_vars = {id(payload_of(v.handle)) for v in tape.watched_variables()}
+    watched_vars = [payload_of(v.handle) for v in tape.watched_variables()]
+    watched = set(state.watched)   # what TensorFlow's tape watches, as nodes
+    watched.update(p._node for p in watched_vars if type(p) is DeviceVariable)
+    watched_vars = {id(p) for p in watched_vars}
     nodes = []
     for s in sources:
         if not (s.dtype.is_floating or s.dtype.is_complex) and s.dtype != tf.resource:
@@ -195,24 +200,24 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
         og = p._node if type(p) is LazyTensor else None
         if og is None:
             return "a host output gradient"
-    return target._node, nodes, og, state, start, end
+    return target._node, nodes, og, watched, start, end
 
 
 def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
     from .custom_device import make_tensor
-    target, nodes, og, state, start, end = plan
+    target, nodes, og, watched, start, end = plan
     ancestors = _ancestors(target, start, end)
     on_tape: dict = {}
 
     def taped(n: Node) -> bool:   # TensorFlow's rule: watched, or made in the window from it
         hit = on_tape.get(n)
         if hit is None:
-            hit = n in state.watched or (
+            hit = n in watched or (
                 n.op not in LEAF_OPS and start <= n.serial < end and
                 any(taped(x) for x in n.inputs))
             on_tape[n] = hit
         return hit
-    zero = unconnected_gradients == tf.UnconnectedGradients.ZERO
+    zero = tf.UnconnectedGradients(unconnected_gradients) == tf.UnconnectedGradients.ZERO
     picked = []
     for k, (n, var_watched) in enumerate(nodes):
         if zero or (n in ancestors and (var_watched if var_watched is not None else taped(n))):

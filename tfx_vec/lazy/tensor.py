@@ -230,6 +230,7 @@ class Variable(LazyTensor):
 
     def __init__(self, initial_value: Any, dtype: tf.DType | None = None,
                  trainable: bool = True, name: str | None = None):
+        runtime.check_no_strategy("lazy.Variable()")
         if isinstance(initial_value, LazyTensor):
             initial_value = value(initial_value, "Variable()")
         with runtime.on_host():   # a host variable, also inside lazy.device()
@@ -318,6 +319,7 @@ def tensor(data: Any, dtype: tf.DType | None = None) -> LazyTensor:
     if isinstance(data, LazyTensor):
         return data if dtype is None or data.dtype == dtype else \
             record(OPS["cast"], (data, dtype), {})
+    runtime.check_no_strategy("lazy.tensor()")
     if isinstance(data, tf.Tensor):
         t = data if dtype is None else tf.cast(data, dtype)
     else:
