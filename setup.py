@@ -1,4 +1,4 @@
-"""tfx_vec: TensorFlow plugins that make single-example code run batched, compiled and fast."""
+"""tfx_vec: TensorFlow plugins that make code written for one example run batched, compiled and fast."""
 import re
 from pathlib import Path
 
@@ -25,9 +25,29 @@ _BENCH = ["matplotlib>=3.7", "tqdm>=4.60"]
 setup(
     name="tfx_vec",
     version=_VERSION,
-    description=__doc__,
+    description=__doc__.split(": ", 1)[1],
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",
+    # No project URL: the project has no public home yet, and a guessed one would mislead.
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    keywords=["tensorflow", "vectorization", "pfor", "jacobian", "per-example gradients",
+              "autobatching", "NUTS", "MCMC", "XLA", "lazy tensor", "tensor comprehensions",
+              "polyhedral compilation", "code generation"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Scientific/Engineering :: Mathematics",
+        "Topic :: Software Development :: Compilers",
+    ],
     python_requires=">=3.10",
     packages=find_packages(include=["tfx_vec", "tfx_vec.*"]),
     # The TF custom op's C++ source is compiled at run time against the installed TensorFlow.
