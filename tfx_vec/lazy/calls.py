@@ -11,10 +11,11 @@ traces it into its ``tf.function``; XLA compiles it with the rest of the step.  
 each variable sees the new value, as in eager.
 
 A call is recorded only when the replay is exact: the gradients are lazy device tensors (no
-``None``, no ``IndexedSlices``), every variable involved lives on the device with no pending
-update, no gradient tape is recording and the optimizer is built (its first call, which
-creates its slots, runs op by op).  Otherwise Keras' own ``apply`` runs on the device op by
-op, counted as ``call_eager::<reason>``.  Python-side hyperparameters (``beta_1``...) are part
+``None``, no ``IndexedSlices``), every variable involved lives on the device, no gradient tape
+is recording and the optimizer is built (its first call, which
+creates its slots, runs op by op); a variable's pending update is written before the call.
+Otherwise Keras' own ``apply`` runs on the device op by op, counted as
+``call_eager::<reason>``.  Python-side hyperparameters (``beta_1``...) are part
 of the compiled program, as in ``model.fit``; values kept in variables (``learning_rate``,
 ``iterations``) are read at run time.
 
@@ -24,8 +25,9 @@ Example:
     >>> with lazy.device():
     ...     w = keras.Variable([1.0, 2.0])
     ...     opt = keras.optimizers.SGD(0.5)
-    ...     opt.apply([tf.constant([1.0, 1.0])], [w])   # builds the optimizer (op by op)
-    ...     opt.apply([tf.constant([1.0, 1.0])], [w])   # recorded as one node
+    ...     g = tf.constant([1.0, 1.0]) * 1.0            # a lazy gradient
+    ...     opt.apply([g], [w])                         # builds the optimizer (op by op)
+    ...     opt.apply([g], [w])                         # recorded as one node
     ...     lazy.mark_step()
     ...     w.numpy().tolist(), lazy.metrics()["calls_recorded"]
     ([0.0, 1.0], 1)
@@ -63,21 +65,29 @@ CALLS: "weakref.WeakValueDictionary[int, CallSpec]" = weakref.WeakValueDictionar
 
 
 def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> None:
-    """Record ``spec`` on input nodes; substitute each variable state by its new value."""
-    base = Node("call", tuple(inputs) + tuple(s._read for s in states), (token, len(inputs)),
-                None, None)
+    """Record ``spec`` on input nodes; substitute each variable state by its new value.
+
+    The node's inputs are the call's own, then each variable's ``var`` leaf (its resource in the
+    program), then its current value (a pending update is written before the call).
+    """
+    base = Node("call", tuple(inputs) + tuple(s._read for s in states) +
+                tuple(s._node for s in states), (token, len(inputs)), None, None)
     for i, s in enumerate(states):
         s.assign(Node("out", (base,), (i,), s.shape, s.dtype), "a recorded call")
     metrics.bump("calls_recorded")
 
 
-def replay_call(token: int, args: list, resources: list) -> list:
-    """Inside the program's trace: run the call on ``args`` with its variables' handles pointed
-    at ``resources``; returns the variables' new values."""
-    from .lowering import read_variable
+def replay_call(token: int, args: list, resources: list, current: list) -> list:
+    """Inside the program's trace: write the variables' ``current`` values (``None``: the
+    resource holds it already), run the call on ``args`` with their handles pointed at
+    ``resources``, and return their new values."""
+    from .lowering import assign_variable, read_variable
     spec = CALLS.get(token)
     if spec is None:
         raise RuntimeError("a recorded call whose object is gone was compiled")
+    for r, value in zip(resources, current):
+        if value is not None:
+            assign_variable(r, value)
     saved = [v._handle for v in spec.variables]
     try:
         for v, r in zip(spec.variables, resources):
@@ -124,8 +134,6 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
         tfv, state = _state_of(v)
         if state is None:
             return "a variable off the lazy device"
-        if state._pending():
-            return "a variable with a pending update"
         states.append(state)
         tf_vars.append(tfv)
     return nodes, states, tf_vars, kvars

@@ -35,9 +35,9 @@ Example:
     ...     w = tf.Variable([[1.0], [2.0]])
     ...     with tf.GradientTape() as tape:
     ...         loss = tf.reduce_sum(tf.matmul(tf.ones([3, 2]), w) ** 2)
-    ...     w.assign_sub(0.01 * tape.gradient(loss, w))
+    ...     _ = w.assign_sub(0.01 * tape.gradient(loss, w))
     ...     lazy.mark_step()
-    ...     print(round(float(loss), 3), w.numpy().ravel().round(3).tolist())
+    ...     print(round(float(loss), 3), [round(float(v), 3) for v in w.numpy().ravel()])
     27.0 [0.82, 1.82]
 """
 from __future__ import annotations

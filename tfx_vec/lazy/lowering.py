@@ -65,6 +65,17 @@ def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
     return [tf.convert_to_tensor(g) for g in grads]
 
 
+def _reads(entry: tuple) -> tuple:
+    """The entries whose values ``entry`` reads (a call's variable leaves are resources; its
+    current values are read only where they differ from the leaf)."""
+    if entry[0] != "call":
+        return entry[3]
+    n_in, inputs = entry[1][1], entry[3]
+    n_var = (len(inputs) - n_in) // 2
+    leaves, now = inputs[n_in:n_in + n_var], inputs[n_in + n_var:]
+    return inputs[:n_in] + tuple(j for j, k in zip(now, leaves) if j != k)
+
+
 def build(key: tuple, jit: bool = True) -> Callable:
     """The jit-compiled replay of the program ``key`` (see ``ir.canonicalize``).
 
@@ -85,8 +96,7 @@ def build(key: tuple, jit: bool = True) -> Callable:
             var_pos[i] = k
             k += 1
     # A variable only written (its first assignment) is not read: it may be uninitialized.
-    read = {j for e in entries if e[0] not in leaf or e[0] == "out"
-            for j in (e[3][:e[1][1]] if e[0] == "call" else e[3])}
+    read = {j for e in entries if e[0] not in leaf or e[0] == "out" for j in _reads(e)}
     read.update(outputs)
 
     def replay(data: list, scalars: tf.Tensor, variables: list) -> list:
@@ -126,9 +136,13 @@ def build(key: tuple, jit: bool = True) -> Callable:
                         v = _grad(tapes[i], e, values)
                 elif op == "call":   # a library call (calls.py) on the program's variables
                     token, n_in = e[1]
+                    n_var = (len(e[3]) - n_in) // 2
+                    leaves, now = e[3][n_in:n_in + n_var], e[3][n_in + n_var:]
                     with paused:
                         v = replay_call(token, [values[j] for j in e[3][:n_in]],
-                                        [variables[var_pos[j]] for j in e[3][n_in:]])
+                                        [variables[var_pos[j]] for j in leaves],
+                                        [None if j == k else values[j]
+                                         for j, k in zip(now, leaves)])
                 else:
                     layout, attrs = e[1]
                     try:

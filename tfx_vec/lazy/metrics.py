@@ -45,7 +45,13 @@ def count_fallback(op: str, site: str) -> None:
 
 
 def fallback_sites() -> dict:
-    """``{op: {site: count}}``: where each eager fallback was called from."""
+    """``{op: {site: count}}``: where each eager fallback was called from (``file:line in
+    function`` of the user's code).
+
+    >>> reset_metrics(); count_fallback("Unique", "train.py:12 in step")
+    >>> fallback_sites()
+    {'Unique': {'train.py:12 in step': 1}}
+    """
     out: dict = {}
     for (op, site), n in sorted(_sites.items()):
         out.setdefault(op, {})[site] = n
@@ -60,7 +66,13 @@ def note_recompilation(text: str) -> None:
 
 
 def recompilations() -> list[str]:
-    """The cause of each recompilation so far (the first 200), oldest first."""
+    """The cause of each recompilation so far (the first 200), oldest first: the barrier (its
+    cause and line) and what differs from the program it compiled before.
+
+    >>> reset_metrics(); note_recompilation("mark_step at train.py:30 in loop: input %0 ...")
+    >>> recompilations()
+    ['mark_step at train.py:30 in loop: input %0 ...']
+    """
     return list(_recompilations)
 
 
@@ -86,7 +98,12 @@ def metrics() -> dict:
 
 
 def reset_metrics() -> None:
-    """Zero every counter and timer (the compile cache is kept; see ``lazy.clear_cache``)."""
+    """Zero every counter and timer, forget fallback sites and recompilation causes (the compile
+    cache is kept; see ``lazy.clear_cache``).
+
+    >>> bump("compiles"); reset_metrics(); "compiles" in metrics()
+    False
+    """
     _counters.clear()
     _timers.clear()
     _sites.clear()

@@ -147,7 +147,11 @@ def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
 
 def clear_cache() -> None:
     """Drop every compiled program (the next barrier of each shape compiles again) and every
-    remembered trace."""
+    remembered trace.
+
+    >>> clear_cache(); len(_cache)
+    0
+    """
     _cache.clear()
     _traces.clear()
     _last_trace[:] = [None, None]

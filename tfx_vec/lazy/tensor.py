@@ -43,7 +43,20 @@ _PY_NUMBER = (int, float)
 
 
 class LazyTensor:
-    """A tensor whose value is the pending computation ``_node`` (or materialized data)."""
+    """A tensor whose value is a pending computation (an IR node) or materialized data.
+
+    Made by :func:`tensor` (and :class:`Variable`); ``tf.*`` calls and Python operators on it
+    record new lazy tensors; ``.numpy()``, ``float()``, ``bool()``, printing, iteration and
+    ``lazy.to_tensor`` force it (a barrier); ``.shape``, ``.dtype``, ``len`` never do.
+
+    >>> import tensorflow as tf
+    >>> x = tensor([[1.0, -2.0]])
+    >>> y = tf.nn.relu(x) * 2.0
+    >>> y.shape, y.dtype.name
+    (TensorShape([1, 2]), 'float32')
+    >>> y.numpy().tolist()
+    [[2.0, 0.0]]
+    """
 
     __slots__ = ("_node", "__weakref__")
     __array_priority__ = 100  # numpy defers ``ndarray + lazy`` to our reflected operators
