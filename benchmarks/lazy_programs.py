@@ -232,6 +232,21 @@ class LogisticRegression(Program):
         return Run(step, lambda: list(model.variables) + [accuracy], traceable=False)
 
 
+def _keras_run(model: Any, opt: Any, loss_fn: Any, metric: Any) -> Run:
+    """The Keras custom-training step: forward under a tape, the loss object, the optimizer's
+    ``apply_gradients`` and a metric updated with the predictions."""
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            loss = loss_fn(y, pred)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        metric.update_state(y, pred)
+        return loss
+    return Run(step, lambda: [v.value for v in model.weights + opt.variables
+                              + metric.variables])
+
+
 class KerasSequentialAdam(Program):
     """A Keras ``Sequential`` model, Keras' Adam, a loss object and a metric, in a custom loop
     (the Keras custom-training walkthrough)."""
@@ -253,20 +268,9 @@ class KerasSequentialAdam(Program):
                                  + [keras.layers.Dense(w, activation="relu") for w in ws[1:-1]]
                                  + [keras.layers.Dense(ws[-1])])
         _init(model.trainable_variables, self._rng(1))
-        opt = keras.optimizers.Adam(0.01)
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        acc = keras.metrics.SparseCategoricalAccuracy()
-
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = loss_fn(y, logits)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            acc.update_state(y, logits)
-            return loss
-        return Run(step, lambda: [v.value for v in model.weights + opt.variables
-                                  + acc.variables])
+        return _keras_run(model, keras.optimizers.Adam(0.01),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          keras.metrics.SparseCategoricalAccuracy())
 
 
 class KerasSubclassedBN(Program):
@@ -344,20 +348,8 @@ class KerasFunctional(Program):
         h = keras.layers.Add()([h, keras.layers.Dense(self.width)(inputs)])
         model = keras.Model(inputs, keras.layers.Dense(1)(h))
         _init(model.trainable_variables, self._rng(1))
-        opt = keras.optimizers.RMSprop(0.01)
-        loss_fn = keras.losses.Huber()
-        mae = keras.metrics.MeanAbsoluteError()
-
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                pred = model(x, training=True)
-                loss = loss_fn(y, pred)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            mae.update_state(y, pred)
-            return loss
-        return Run(step, lambda: [v.value for v in model.weights + opt.variables
-                                  + mae.variables])
+        return _keras_run(model, keras.optimizers.RMSprop(0.01), keras.losses.Huber(),
+                          keras.metrics.MeanAbsoluteError())
 
 
 class RawConvnet(Program):

@@ -58,7 +58,7 @@ from . import calls, ir, metrics, raw, runtime, tape_capture
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
-from .tensor import LazyTensor, _const, force, value
+from .tensor import LazyTensor, _const, check_assign, force, value
 
 __all__ = ["device", "DEVICE_NAME", "HOST", "DeviceVariable", "native", "payload_of",
            "is_device_tensor", "make_tensor"]
@@ -167,11 +167,7 @@ class DeviceVariable:
         return self._node is not self._read
 
     def _check(self, node: Node, what: str) -> None:
-        if node.sig != self._read.sig:
-            raise LazyShapeError(
-                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
-                f"{list(self.shape)}, got {node.dtype.name}{list(node.shape)} at "
-                f"{runtime.user_frame()}")
+        check_assign(self._read, node, self.name, what)
 
     def assign(self, node: Node, what: str) -> None:
         self._check(node, what)

@@ -34,7 +34,7 @@ from tensorflow.core.framework import attr_value_pb2, types_pb2
 from tensorflow.python.eager import execute
 from tensorflow.python.framework import op_def_registry
 
-from .ops import Spec, Unrecordable
+from .ops import Spec, Unrecordable, placeholder, scratch_graph
 
 __all__ = ["RawOp", "describe", "infer", "call", "attrs_bytes", "attr_map", "FOLD_LIMIT"]
 
@@ -142,7 +142,6 @@ def describe(op_type: str, attrs: bytes, n_inputs: int) -> RawOp:
 
 # {{{ shape inference: the op on placeholders (constants where the value is known) in a graph
 
-_graph: list = [None, 0]
 _specs: dict = {}
 _SPECS_MAX = 50000
 
@@ -153,12 +152,8 @@ def infer(op: RawOp, inputs: Sequence[Any], sig: tuple) -> Spec:
     spec = _specs.get(sig)
     if spec is not None:
         return spec
-    if _graph[0] is None or _graph[1] > 2000:  # a fresh graph now and then bounds its memory
-        _graph[0], _graph[1] = tf.Graph(), 0
-    _graph[1] += 1
-    g = _graph[0]
-    with g.as_default():
-        values = [_placeholder(n) for n in inputs]
+    with scratch_graph() as g:
+        values = [placeholder(n) for n in inputs]
         outs = g._create_op_internal(op.type, values, attrs=attr_map(op.attrs),
                                      name="lazy_infer").outputs
     flat = []
@@ -173,11 +168,6 @@ def infer(op: RawOp, inputs: Sequence[Any], sig: tuple) -> Spec:
     return spec
 
 
-def _placeholder(node: Any) -> Any:
-    if node.op == "const":
-        value, dtype = node.attrs
-        return tf.constant(np.array(value), dtype)
-    return tf.compat.v1.placeholder(node.dtype, node.shape)
 # }}}
 
 

@@ -36,7 +36,7 @@ from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import GETITEM, OPS, OpDef, Unrecordable, _spec_cache, freeze, freeze_index, infer
 
-__all__ = ["LazyTensor", "Variable", "tensor", "value", "force", "record"]
+__all__ = ["LazyTensor", "Variable", "tensor", "value", "force", "record", "check_assign"]
 
 _SymbolicTensor = tf.__internal__.SymbolicTensor
 _PY_NUMBER = (int, float)
@@ -282,11 +282,7 @@ class Variable(LazyTensor):
         return self
 
     def _check(self, n: Node, what: str) -> None:
-        if n.sig != self._read.sig:
-            raise LazyShapeError(
-                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
-                f"{list(self._read.shape)}, got {n.dtype.name}{list(n.shape)} at "
-                f"{runtime.user_frame()}")
+        check_assign(self._read, n, self.name, what)
 
     def assign(self, new: Any) -> "Variable":
         """Substitute the variable's value with ``new``."""
@@ -321,6 +317,15 @@ class Variable(LazyTensor):
             runtime.barrier(".numpy()")
         runtime.wait()
         return self._var.numpy()
+
+
+def check_assign(read: Node, new: Node, name: str, what: str) -> None:
+    """A :class:`LazyShapeError` when ``new`` cannot be assigned to the variable read by
+    ``read`` (as ``tf.Variable``: no broadcasting, no casting)."""
+    if new.sig != read.sig:
+        raise LazyShapeError(
+            f"{what} to variable {name!r}: expected {read.dtype.name}{list(read.shape)}, got "
+            f"{new.dtype.name}{list(new.shape)} at {runtime.user_frame()}")
 
 
 def tensor(data: Any, dtype: tf.DType | None = None) -> LazyTensor:
