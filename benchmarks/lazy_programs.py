@@ -460,7 +460,8 @@ def train(program: Program, steps: int, mode: str = "eager", read_loss: bool = T
 
     def loop() -> Run:
         run = program.make()
-        step = tf.function(run.step, jit_compile=True) if mode == "jit" else run.step
+        step = tf.function(run.step, jit_compile=True, autograph=False) if mode == "jit" \
+            else run.step
         for i, (x, y) in enumerate(program.data(steps)):
             loss = step(x, y)
             if mode == "lazy":
@@ -511,7 +512,7 @@ def _implementations(program: Program, read_loss: bool, batches: list) -> dict:
     if eager.traceable:
         for jit in (False, True):
             run = program.make()
-            fn = tf.function(run.step, jit_compile=jit)
+            fn = tf.function(run.step, jit_compile=jit, autograph=False)
             impls["tf.function(jit)" if jit else "tf.function"] = _loop(fn, batches,
                                                                          read_loss, None)
     return impls
