@@ -353,7 +353,7 @@ def test_a_value_read_inside_the_tape_keeps_the_gradient_exact():
 
 # {{{ Keras
 
-def _keras_fit(**compile_kwargs):
+def _keras_fit(on_batch=False, **compile_kwargs):
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype(np.float32)
@@ -362,6 +362,8 @@ def _keras_fit(**compile_kwargs):
     for v in model.weights:   # the same start in every mode (XLA's initializer streams differ)
         v.assign(rng.normal(size=v.shape).astype(np.float32))
     model.compile(keras.optimizers.SGD(0.1), "mse", **compile_kwargs)
+    if on_batch:
+        return [float(model.train_on_batch(x[i:i + 8], y[i:i + 8])) for i in range(0, 32, 8)]
     return model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
 
 
@@ -375,6 +377,11 @@ def test_keras_fit_runs_compiled_or_lazily_or_says_what_to_do():
     _close(jit, expected, 1e-4)
     _close(eagerly, expected, 1e-4)
     assert lazy.metrics()["tape_recorded"] >= 8
+    expected = _keras_fit(on_batch=True, jit_compile=True)
+    with lazy.device():
+        _close(_keras_fit(on_batch=True, run_eagerly=True), expected, 1e-4)
+        with pytest.raises(Exception, match="train_on_batch.*jit_compile=True"):
+            _keras_fit(on_batch=True)
 
 
 def test_an_optimizer_update_after_a_pending_update_of_its_variable_is_exact():

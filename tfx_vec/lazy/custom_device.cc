@@ -40,6 +40,14 @@ class XlaOpRegistry {
 
 namespace {
 
+bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 struct Device {
   std::string name;
   PyObject* execute;      // (op type, attrs bytes, inputs tuple, op capsule) -> output specs
@@ -61,7 +69,7 @@ int64_t Dim(void* data, int i, TF_Status*) { return static_cast<Payload*>(data)-
 
 void Deallocate(void* data) {
   Payload* p = static_cast<Payload*>(data);
-  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+  if (Py_IsInitialized() && !Finalizing()) {
     PyGILState_STATE g = PyGILState_Ensure();
     Py_XDECREF(p->obj);
     PyGILState_Release(g);
@@ -290,7 +298,7 @@ TFE_TensorHandle* CopyFromDevice(TFE_Context* ctx, TFE_TensorHandle* h, const ch
 
 void DeleteDevice(void* info) {
   Device* dev = static_cast<Device*>(info);
-  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+  if (Py_IsInitialized() && !Finalizing()) {
     PyGILState_STATE g = PyGILState_Ensure();
     Py_XDECREF(dev->execute);
     Py_XDECREF(dev->to_device);
