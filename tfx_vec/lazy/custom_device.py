@@ -203,23 +203,28 @@ def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     return [(state, _RESOURCE, ())]
 
 
-def _variable(x: Any, op_type: str) -> DeviceVariable:
-    if type(x) is DeviceVariable:
-        return x
-    runtime.check_no_strategy(f"{op_type} on a variable")
-    raise LazyError(
-        f"{op_type} on a variable created outside lazy.device() or by a tf.distribute strategy "
-        f"(at {runtime.user_frame()}): its reads and updates would run eagerly beside the lazy "
-        "program.  Create the model, optimizer and metrics inside `with lazy.device():`")
+def _on_variable(handler: Any) -> Any:
+    """The handler of an op on a variable of the device.  An op on a variable that lives
+    elsewhere (created outside ``lazy.device()``, by a ``tf.distribute`` strategy, or pinned to
+    the CPU by TensorFlow itself, as a checkpoint's save counter) runs at once on the host where
+    that variable is, as eager would, after forcing its lazy inputs: a counted fallback, so its
+    readers never see a stale value."""
+    def op(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+        if type(inputs[0]) is DeviceVariable:
+            return handler(op_type, attrs, inputs, cap)
+        return _run_on_host(raw.describe(op_type, attrs, len(inputs)), inputs, cap, "fallback",
+                             "a variable created outside lazy.device()")
+    return op
 
 
-def _read_variable(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
-    state = _variable(inputs[0], op_type)
-    return [_spec(LazyTensor(state._node))]
+@_on_variable
+def _read_variable(op_type: str, attrs: bytes, state: tuple, cap: Any) -> list:
+    return [_spec(LazyTensor(state[0]._node))]
 
 
+@_on_variable
 def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
-    state = _variable(inputs[0], op_type)
+    state = inputs[0]
     new = _node_of(inputs[1])
     if op_type != "AssignVariableOp":
         what = "AddV2" if op_type == "AssignAddVariableOp" else "Sub"
@@ -229,8 +234,9 @@ def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     return []
 
 
+@_on_variable
 def _is_initialized(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
-    return [_host_constant(np.array(_variable(inputs[0], op_type).initialized))]
+    return [_host_constant(np.array(inputs[0].initialized))]
 
 
 def _destroy(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
@@ -242,8 +248,9 @@ def _destroy(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     return []
 
 
+@_on_variable
 def _resource_gather(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
-    state = _variable(inputs[0], op_type)
+    state = inputs[0]
     amap = raw.attr_map(attrs)
     indices = _node_of(inputs[1])
     gather = raw.describe("GatherV2", raw.attrs_bytes({

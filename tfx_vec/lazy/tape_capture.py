@@ -20,13 +20,14 @@ the device (recorded op by op, correct, slower), counted as ``tape_eager::<reaso
 - the tape recorded in one window (no ``stop_recording``) and no other tape is recording;
 - nothing in the window that a replay cannot differentiate: a barrier (a value read), a host
   or fallback op, a custom gradient or a ``tf.function`` call; no watched host tensor;
-- no source variable assigned since the window began.
+- no source variable assigned since the window began;
+- no source gathered from (an embedding): TensorFlow's gradient is then ``IndexedSlices``,
+  which Keras' optimizers apply as a sparse update, unlike a dense gradient.
 
 Sources follow TensorFlow's rules: a variable counts when the tape watched it (trainable and
 read inside the window, or ``watch``-ed), a tensor when it was watched or computed inside the
 window from something watched; others get ``None`` (or zeros with
-``unconnected_gradients=ZERO``).  Gradients come back dense (TensorFlow returns
-``IndexedSlices`` for a gather's gradient; values are equal).
+``unconnected_gradients=ZERO``).
 
 Example:
     >>> import tensorflow as tf
@@ -200,13 +201,26 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
         og = p._node if type(p) is LazyTensor else None
         if og is None:
             return "a host output gradient"
-    return target._node, nodes, og, watched, start, end
+    ancestors = _ancestors(target._node, start, end)
+    if _gathered(ancestors, {n for n, _ in nodes}):
+        return "a gather from a source (TensorFlow's gradient is IndexedSlices)"
+    return target._node, nodes, og, watched, start, end, ancestors
+
+
+_GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
+
+
+def _gathered(ancestors: set, sources: set) -> bool:
+    """Whether a source is gathered from on the way to the target: TensorFlow's gradient is
+    then ``IndexedSlices``, which Keras' optimizers apply as a sparse update (rows not gathered
+    keep their slots), so a dense recorded gradient would not give eager's answer."""
+    return any(n.op == "raw" and n.attrs[0] in _GATHERS and n.inputs[0] in sources
+               for n in ancestors)
 
 
 def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
     from .custom_device import make_tensor
-    target, nodes, og, watched, start, end = plan
-    ancestors = _ancestors(target, start, end)
+    target, nodes, og, watched, start, end, ancestors = plan
     on_tape: dict = {}
 
     def taped(n: Node) -> bool:   # TensorFlow's rule: watched, or made in the window from it
