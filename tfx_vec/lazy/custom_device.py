@@ -462,16 +462,10 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:
+    """Evaluate an integer op on small values known on the host now (its outputs are host
+    tensors, so the shapes they make stay static)."""
     metrics.bump(f"folded::{op.type}")
-    values = [runtime._eager_value(n) for n in nodes]
-    for v in values:
-        if type(v) is not ops.EagerTensor:  # a baked constant: materialize it on the host
-            break
-    else:
-        return _host_run(cap, values, HOST)
-    with ops.device(HOST):
-        values = [tf.convert_to_tensor(v) for v in values]
-    return _host_run(cap, values, HOST)
+    return _host_run(cap, [runtime._eager_value(n) for n in nodes], HOST)
 
 
 _DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
@@ -485,7 +479,7 @@ def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str)
     else:
         metrics.bump(f"host::{op.type}")
         if reason == "a function call":
-            _check_function_call(op.type)
+            _check_keras_loop()
     if op.type in _DATA_FETCH:
         runtime.barrier("tf.data batch fetched")  # a new batch starts a step
     elif any(type(x) is DeviceVariable for x in inputs):
@@ -507,7 +501,7 @@ _KERAS_LOOPS = ("fit", "train_on_batch", "evaluate", "test_on_batch", "predict",
                 "predict_on_batch")
 
 
-def _check_function_call(name: str) -> None:
+def _check_keras_loop() -> None:
     """A Keras training loop inside the scope must run compiled by XLA or record lazily."""
     f = sys._getframe(2)
     while f is not None:
