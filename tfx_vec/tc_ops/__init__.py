@@ -1,9 +1,9 @@
 """tfx_vec.tc_ops: Tensor Comprehensions compiled through isl to C/OpenMP (and, via T2's
 backends, CUDA/OpenCL).  See README.md, section tc_ops.
 """
-from .errors import (Span, TcBackendError, TcCompileError, TcError, TcNameError,  # noqa: F401
-                     TcOptionsError, TcRangeError, TcSemanticError, TcShapeError, TcSyntaxError,
-                     TcTypeError)
+from .errors import (Span, TcBackendError, TcCompileError, TcError, TcGradientError,  # noqa: F401
+                     TcNameError, TcOptionsError, TcRangeError, TcSemanticError, TcShapeError,
+                     TcSyntaxError, TcTypeError, TcWarning)
 from .lang import parse  # noqa: F401
 from .options import MappingOptions  # noqa: F401
 from .api import Entry, Module, define, generate_source  # noqa: F401,E402

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import platform
 import random
 import statistics
 import time
@@ -32,8 +33,14 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from .backends import cuda as cuda_backend
+from .backends import opencl as opencl_backend
+from .cache import CompilationCache
 from .errors import TcError
+from .lang.printer import def_to_tc
+from .lang.types import np_dtype
 from .options import FUSION_STRATEGIES, MappingOptions
+from .pipeline import compile_def, infer, output_specs
 
 __all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
            "options_to_genes", "autotune", "cached_options", "EntryTarget", "def_source"]
@@ -273,29 +280,15 @@ def _progress_bar(total: int, enabled: bool):
 # -- TC entry points ---------------------------------------------------------------------------
 def def_source(cdef: Any) -> str:
     """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``)."""
-    from .lang.printer import expr_to_tc
-
-    d = cdef.ast
-    params = ", ".join(f"{p.dtype} {p.name}" if p.is_scalar else
-                       f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
-                       for p in d.params)
-    stmts = []
-    for s in d.stmts:
-        where = ", ".join(f"{w.var} in {expr_to_tc(w.lo)}:{expr_to_tc(w.hi)}" for w in s.where)
-        stmts.append(f"{s.lhs}({','.join(s.lhs_indices)}) {s.op}{'!' if s.init else ''} "
-                     f"{expr_to_tc(s.rhs)}{' where ' + where if where else ''}")
-    return f"def {d.name}({params}) -> ({', '.join(d.returns)}) {{ {'; '.join(stmts)} }}"
+    return def_to_tc(cdef.ast)
 
 
 def device_name(backend: str) -> str:
     """The device a backend runs on (part of cache keys)."""
     if backend == "opencl":
-        from .backends.opencl import device_name as cl_name
-        return cl_name()
+        return opencl_backend.device_name()
     if backend == "cuda":
-        from .backends.cuda import cuda_runtime
-        return cuda_runtime().name
-    import platform
+        return cuda_backend.cuda_runtime().name
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -310,9 +303,6 @@ class EntryTarget:
     """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs."""
 
     def __init__(self, entry: Any, arrays: list[np.ndarray]):
-        from .api import _index_inputs
-        from .lang.ranges import infer_ranges
-
         self.entry, self.arrays = entry, arrays
         cdef = entry.cdef
         params = cdef.inputs
@@ -320,8 +310,8 @@ class EntryTarget:
         self.scalars = {p.name: int(a) for p, a in zip(params, arrays)
                         if p.name in cdef.structural_scalars}
         self.values = {p.name: (int(a.min()), int(a.max())) if a.size else (0, 0)
-                       for p, a in zip(params, arrays) if p.name in _index_inputs(cdef)} or None
-        self.ranges = infer_ranges(cdef, self.shapes, self.scalars, self.values)
+                       for p, a in zip(params, arrays) if p.name in cdef.index_inputs} or None
+        self.ranges = infer(cdef, self.shapes, self.scalars, self.values)
         self.sources: dict[str, str] = {}
 
     def extents(self) -> list[int]:
@@ -334,18 +324,14 @@ class EntryTarget:
         return best or [1]
 
     def compile(self, options: MappingOptions) -> Any:
-        from .api import compile_def
-
         kernel, _ = compile_def(self.entry.cdef, self.shapes, self.scalars, self.entry.backend,
                                 options, self.values)
         self.sources[options.to_json()] = kernel.source
         return kernel
 
     def outputs(self) -> list[np.ndarray]:
-        from .lang.types import np_dtype
-        cdef = self.entry.cdef
-        return [np.zeros(self.ranges.shapes[n], np_dtype(cdef.tensors[n].dtype))
-                for n in cdef.outputs]
+        return [np.zeros(shape, dtype) for _, shape, dtype in
+                output_specs(self.entry.cdef, self.ranges)]
 
     def run(self, kernel: Any) -> tuple[list[np.ndarray], float]:
         outs = self.outputs()
@@ -359,23 +345,45 @@ class EntryTarget:
 
 
 def _as_cache(cache: Any):
-    from .cache import CompilationCache
     if cache is None or isinstance(cache, CompilationCache):
         return cache
     return CompilationCache(cache)
 
 
-def cache_key_for(entry: Any, arrays: list[np.ndarray], cache: Any):
-    """The cache key of ``entry`` on ``arrays`` (canonical TC, shapes/dtypes, backend, device)."""
-    return cache.key(def_source(entry.cdef), entry.name, [(a.shape, a.dtype) for a in arrays],
-                     entry.backend, device_name(entry.backend))
+def cache_key_for(entry: Any, inputs: Sequence[Any], cache: Any):
+    """The cache key of ``entry`` on ``inputs`` (arrays or tensors: their shapes and dtypes),
+    with the canonical TC, the backend and the device."""
+    specs = _input_specs(entry, inputs)
+    if specs is None:
+        raise TcError(f"{entry.name}: the cache is keyed by fully known input shapes")
+    return cache.key(def_source(entry.cdef), entry.name, specs, entry.backend,
+                     device_name(entry.backend))
+
+
+def _input_specs(entry: Any, inputs: Sequence[Any]) -> list[tuple] | None:
+    """(shape, dtype) per input without reading values (symbolic tensors included); None when
+    a shape is not fully known."""
+    specs = []
+    for p, x in zip(entry.cdef.inputs, inputs):
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            specs.append(((), np_dtype(p.dtype)))
+            continue
+        if hasattr(shape, "is_fully_defined"):
+            if not shape.is_fully_defined():
+                return None
+            shape = tuple(int(d) for d in shape)
+        dtype = getattr(x, "dtype", np_dtype(p.dtype))
+        specs.append((tuple(shape), np.dtype(getattr(dtype, "as_numpy_dtype", dtype))))
+    return specs
 
 
 def cached_options(entry: Any, *inputs: Any, cache: Any) -> MappingOptions | None:
     """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss."""
     cache = _as_cache(cache)
-    arrays = entry._convert(inputs)
-    best = cache.best(cache_key_for(entry, arrays, cache))
+    if _input_specs(entry, inputs) is None:
+        return None
+    best = cache.best(cache_key_for(entry, inputs, cache))
     if best is None:
         return None
     try:

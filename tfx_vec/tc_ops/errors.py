@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["Span", "TcError", "TcSyntaxError", "TcNameError", "TcTypeError", "TcSemanticError",
-           "TcRangeError", "TcShapeError", "TcOptionsError", "TcCompileError", "TcBackendError"]
+           "TcRangeError", "TcShapeError", "TcOptionsError", "TcCompileError", "TcBackendError",
+           "TcGradientError", "TcWarning"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,3 +127,16 @@ class TcCompileError(TcError):
 
 class TcBackendError(TcError):
     """A backend is unknown or unavailable on this machine."""
+
+
+class TcGradientError(TcError):
+    """The gradient of a TC was asked for and cannot be derived automatically (the message names
+    the TC line and column and how to supply a backward TC)."""
+
+
+class TcWarning(UserWarning):
+    """A TC that is valid but likely not what was meant (e.g. a reduction without ``!`` into a
+    tensor no earlier statement initialises), located like a :class:`TcError`."""
+
+    def __init__(self, message: str, span: Span | None = None, source: str | None = None):
+        super().__init__(TcError(message, span, source).args[0])

@@ -34,17 +34,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from .errors import TcError
+from .errors import TcGradientError
 from .lang import ast as A
 from .lang.parser import parse
 from .lang.printer import expr_to_tc
 from .lang.types import canonical, is_float
 
 __all__ = ["backward_tc", "BackwardTc", "TcGradientError"]
-
-
-class TcGradientError(TcError):
-    """The TC cannot be differentiated automatically (give a backward TC)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -165,8 +165,7 @@ def _np_dtype(t: str):
 
 
 def _index_inputs(cdef) -> tuple[str, ...]:
-    from .api import _index_inputs as f
-    return f(cdef)
+    return cdef.index_inputs
 
 
 def _mlp_source(n_layers: int) -> tuple[str, dict]:

@@ -384,14 +384,14 @@ class TcFunction:
     def __init__(self, source: str, entry: str, *, backward="auto", options=None,
                  wrt: Sequence[str] | None = None, backend: str = "cpu",
                  cuda_arch: str = DEFAULT_CUDA_ARCH):
-        from .api import define
         from .errors import TcBackendError
+        from .lang.sema import check_program
 
         if backend not in ("cpu", "cuda"):
             raise TcBackendError(f"TC {entry}: a TF op runs on backend 'cpu' (TcKernel) or "
                                  f"'cuda' (TcCudaKernel), not {backend!r}")
         self.source, self.entry, self.backend, self.cuda_arch = source, entry, backend, cuda_arch
-        self.cdef = define(source)[entry].cdef
+        self.cdef = check_program(source)[entry]
         self.options = options
         self._specs: dict = {}     # input signature -> KernelSpec
         self._kernels: dict = {}   # (backend, input signature) -> generated kernel
@@ -455,7 +455,7 @@ class TcFunction:
         with self._lock:
             spec = self._specs.get(key)
             if spec is None:
-                values = {n: (0, 0) for n in _index_inputs(self.cdef)}
+                values = {n: (0, 0) for n in self.cdef.index_inputs}
                 ranges = infer_ranges(self.cdef, shapes, scalars, values)
                 # Index values are unknown when the graph is built and no Python runs later:
                 # data-dependent subscripts are clamped into their tensor in the kernel, so a
@@ -476,6 +476,11 @@ class TcFunction:
                 hit = self._kernels[(backend, key)] = (
                     _cpu_kernel(spec) if backend == "cpu" else _cuda_spec(spec, self.cuda_arch))
         return hit
+
+    def kernel_source(self, *inputs) -> str:
+        """The generated code the op carries for inputs like these (C, or CUDA)."""
+        hit = self._compiled([tf.convert_to_tensor(x) for x in inputs], self.backend)
+        return hit.source if self.backend == "cuda" else hit[0]
 
     def cuda_spec(self, *inputs) -> CudaLaunchSpec:
         """What the ``TcCudaKernel`` op launches for these inputs (PTX, kernels, grid/block,
@@ -570,11 +575,6 @@ def _data_dependent_reads(cdef) -> frozenset:
     from .lang import ast as A
     return frozenset(id(x) for cs in cdef.stmts for x in cs.reads
                      if any(isinstance(y, A.Call) for a in x.args for y in A.walk(a)))
-
-
-def _index_inputs(cdef) -> tuple[str, ...]:
-    from .api import _index_inputs as f
-    return f(cdef)
 
 
 def tc_function(source: str, entry: str, *, backward="auto", options=None,

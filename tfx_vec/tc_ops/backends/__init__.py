@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Protocol
 
 from ..errors import TcBackendError
@@ -73,7 +74,6 @@ def get_backend(name: str) -> Backend:
 def _lazy(module: str, cls: str) -> Callable[[], Any]:
     """A factory importing ``backends.<module>`` only when the backend is first used."""
     def factory():
-        import importlib
         return getattr(importlib.import_module(f".{module}", __package__), cls)()
     return factory
 

@@ -22,7 +22,14 @@ import tempfile
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+import tensorflow as tf
+
+from ..codegen.cuda import CudaPrinter
 from ..errors import TcBackendError, TcCompileError
+from ..lang.types import np_dtype
+from ..poly.kernel import build_kernel
+from ..poly.mapping import map_to_gpu
 
 __all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "CudaRuntime",
            "CudaBackend", "CudaKernel"]
@@ -76,8 +83,6 @@ def dlpack_data_pointer(tensor: Any) -> tuple[int, int]:
 
     The tensor must stay alive while the address is used.  Device type 1 is host memory, 2 CUDA.
     """
-    import tensorflow as tf
-
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
@@ -154,9 +159,6 @@ class CudaRuntime:
         ``launches`` are ``opencl.Launch``-like (kernel, global size, local size): the grid is
         global // local per dimension.
         """
-        import numpy as np
-        import tensorflow as tf
-
         def fresh(shape, dtype) -> tf.Tensor:
             # A new zeroed buffer (tf.zeros may hand out a cached constant, which the kernel
             # must never write into).
@@ -199,11 +201,8 @@ class CudaKernel:
     """
 
     def __init__(self, spec: Any, mapping: Any, source: str):
-        from ..lang.types import np_dtype
-        from .opencl import launches_for
-
         self.spec, self.mapping, self.source = spec, mapping, source
-        self.launches = launches_for(mapping)
+        self.launches = mapping.launches()
         cdef, shapes = spec.cdef, spec.ranges.shapes
         self.n_inputs = len(cdef.inputs)
         self.outputs = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
@@ -213,7 +212,6 @@ class CudaKernel:
         return cuda_runtime().run(self.source, self.launches, inputs, self.outputs, self.temps)
 
     def run(self, args: list) -> None:
-        import numpy as np
         outs = self.run_tensors([np.reshape(a, (1,)) if np.ndim(a) == 0 else a
                                  for a in args[:self.n_inputs]])
         for dst, src in zip(args[self.n_inputs:], outs):
@@ -226,17 +224,6 @@ class CudaBackend:
     name = "cuda"
 
     def compile(self, spec: Any) -> CudaKernel:
-        from ..codegen.cuda import CudaPrinter
-        from ..poly.kernel import build_kernel
-        from ..poly.mapping import map_to_gpu
-
         mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options)
         return CudaKernel(spec, mapping, CudaPrinter(mapping).source())
 
-
-def _register() -> None:
-    from . import register_backend
-    register_backend("cuda", CudaBackend)
-
-
-_register()

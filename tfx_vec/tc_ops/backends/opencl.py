@@ -19,39 +19,25 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import functools
+import glob
 import hashlib
+import os
 import threading
 import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..codegen.opencl import OpenCLPrinter
 from ..errors import TcBackendError, TcCompileError
+from ..lang.types import np_dtype
+from ..poly.kernel import build_kernel
+from ..poly.mapping import Launch, map_to_gpu
 
 __all__ = ["Launch", "OpenCLRuntime", "OpenCLBackend", "OpenCLKernel", "available",
-           "device_name", "launches_for"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """One kernel launch: global and local work sizes (x fastest), as OpenCL takes them."""
-
-    kernel: str
-    global_size: tuple[int, ...]
-    local_size: tuple[int, ...]
-
-
-def launches_for(mapping) -> list[Launch]:
-    """The launches of a :class:`~..poly.mapping.GpuMapping`, grid and block padded to one rank."""
-    out = []
-    for gk in mapping.kernels:
-        n = max(len(gk.grid), len(gk.block))
-        grid = tuple(gk.grid) + (1,) * (n - len(gk.grid))
-        block = tuple(gk.block) + (1,) * (n - len(gk.block))
-        out.append(Launch(gk.name, tuple(g * b for g, b in zip(grid, block)), block))
-    return out
+           "device_name"]
 
 
 def _preload_icd_drivers() -> None:
@@ -62,10 +48,6 @@ def _preload_icd_drivers() -> None:
     DEEPBIND the driver and its dependencies resolve their own LLVM first; the ICD loader's later
     dlopen of the same library returns this handle.
     """
-    import ctypes
-    import glob
-    import os
-
     for icd in glob.glob("/etc/OpenCL/vendors/*.icd"):
         try:
             with open(icd) as f:
@@ -215,9 +197,8 @@ class OpenCLKernel:
 
     def __init__(self, spec: Any, mapping: Any, source: str):
         self.spec, self.mapping, self.source = spec, mapping, source
-        self.launches = launches_for(mapping)
+        self.launches = mapping.launches()
         cdef, shapes = spec.cdef, spec.ranges.shapes
-        from ..lang.types import np_dtype
         self.n_inputs = len(cdef.inputs)
         self.temps = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.temps]
 
@@ -237,10 +218,6 @@ class OpenCLBackend:
     name = "opencl"
 
     def compile(self, spec: Any) -> OpenCLKernel:
-        from ..codegen.opencl import OpenCLPrinter
-        from ..poly.kernel import build_kernel
-        from ..poly.mapping import map_to_gpu
-
         rt = OpenCLRuntime.get()
         budget = min(rt.local_mem_size, 48 * 1024)
         mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options, budget)
@@ -260,10 +237,3 @@ class OpenCLBackend:
         rt.build(source)
         return OpenCLKernel(spec, mapping, source)
 
-
-def _register() -> None:
-    from . import register_backend
-    register_backend("opencl", OpenCLBackend)
-
-
-_register()

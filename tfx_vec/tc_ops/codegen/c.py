@@ -27,7 +27,7 @@ import islpy as isl
 
 from ..errors import TcCompileError
 from ..lang import ast as A
-from ..lang.types import c_type, is_float
+from ..lang.types import c_type, canonical, is_float
 from ..options import MappingOptions
 from ..poly.kernel import MARK_OMP, MARK_SEQ, MARK_SIMD, PolyKernel, PolyStmt, build_ast
 
@@ -622,8 +622,10 @@ class CPrinter:
         if not sh:
             return f"{c_name(name)}[0]"
         idx = []
-        for d, e in enumerate(subs):
+        for d, (e, o) in enumerate(zip(subs, self.k.ranges.origin(name))):
             x = self.expr(e)
+            if o:                        # the tensor's range starts at o: element x - o
+                x = f"({x}) - {o}"
             if call is not None and id(call) in self.k.ranges.clamp and \
                     any(isinstance(y, A.Call) for y in A.walk(e)):
                 x = f"tc_clamp({x}, 0, {sh[d] - 1})"
@@ -666,7 +668,6 @@ class CPrinter:
     def call(self, e: A.Call) -> str:
         t = self.cdef.types[id(e)]
         args = [self.expr(a) for a in e.args]
-        from ..lang.types import canonical
         cast = canonical(e.name)
         if cast is not None:
             return f"(({self.ctype(cast)})({args[0]}))"

@@ -12,12 +12,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 from ..errors import Span
 
 __all__ = ["Expr", "IntLit", "FloatLit", "Ident", "Call", "Unary", "Binary", "Ternary", "DimRef",
-           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "start_span",
+           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "map_idents", "map_calls", "start_span",
            "REDUCTION_OPS"]
 
 # assignment operators: "=" plus the reductions, with or without the initialising "!"
@@ -106,6 +106,37 @@ def start_span(e: Expr) -> Span:
     return e.span
 
 
+def map_idents(e: Expr, fn: Callable[[Ident], Expr]) -> Expr:
+    """``e`` with every identifier ``x`` replaced by ``fn(x)`` (a new tree; shared subtrees
+    are rebuilt, so node identities stay unique per occurrence)."""
+    if isinstance(e, Ident):
+        return fn(e)
+    if isinstance(e, Call):
+        return Call(e.name, tuple(map_idents(a, fn) for a in e.args), e.span)
+    if isinstance(e, Unary):
+        return Unary(e.op, map_idents(e.operand, fn), e.span)
+    if isinstance(e, Binary):
+        return Binary(e.op, map_idents(e.lhs, fn), map_idents(e.rhs, fn), e.span)
+    if isinstance(e, Ternary):
+        return Ternary(map_idents(e.cond, fn), map_idents(e.then, fn), map_idents(e.other, fn),
+                       e.span)
+    return e
+
+
+def map_calls(e: Expr, fn: Callable[[Call], Expr]) -> Expr:
+    """``e`` with every call ``c`` (arguments rewritten first) replaced by ``fn(c)``."""
+    if isinstance(e, Call):
+        return fn(Call(e.name, tuple(map_calls(a, fn) for a in e.args), e.span))
+    if isinstance(e, Unary):
+        return Unary(e.op, map_calls(e.operand, fn), e.span)
+    if isinstance(e, Binary):
+        return Binary(e.op, map_calls(e.lhs, fn), map_calls(e.rhs, fn), e.span)
+    if isinstance(e, Ternary):
+        return Ternary(map_calls(e.cond, fn), map_calls(e.then, fn), map_calls(e.other, fn),
+                       e.span)
+    return e
+
+
 def walk(e: Expr) -> Iterator[Expr]:
     """Pre-order traversal of an expression."""
     yield e
@@ -133,6 +164,8 @@ class Stmt:
     rhs: Expr
     where: tuple[RangeConstraint, ...]
     span: Span
+    # ``where exists e``: expressions whose accesses only bound the ranges (never evaluated)
+    exists: tuple["Expr", ...] = ()
 
     def index_vars(self) -> tuple[str, ...]:
         """LHS indices, then the other index-like identifiers of the RHS in order of appearance.
@@ -140,9 +173,10 @@ class Stmt:
         (Before sema this is syntactic: any identifier that is not a call name.)
         """
         seen = list(self.lhs_indices)
-        for e in walk(self.rhs):
-            if isinstance(e, Ident) and e.name not in seen:
-                seen.append(e.name)
+        for root in (self.rhs, *self.exists):
+            for e in walk(root):
+                if isinstance(e, Ident) and e.name not in seen:
+                    seen.append(e.name)
         return tuple(seen)
 
 
@@ -169,6 +203,14 @@ class Def:
     return_spans: tuple[Span, ...]
     stmts: tuple[Stmt, ...]
     span: Span
+    # per output: its declared type ``-> (int32(M,N) O)`` as a Param, or None (inferred)
+    return_types: tuple[Param | None, ...] = ()
+
+    def return_type(self, name: str) -> Param | None:
+        for r, t in zip(self.returns, self.return_types):
+            if r == name:
+                return t
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,13 @@ in it the largest interval keeping each of its accesses in bounds for *all* valu
 resolved before (universal quantification, as in Halide), intersected over the accesses; indices
 start at 0 unless a ``where`` clause says otherwise.  Then every subscript of every access is
 checked against its tensor's extent by interval arithmetic; data-dependent subscripts use the value
-range of the index tensor (``value_ranges``).
+range of the index tensor (``value_ranges``); a read guarded by a condition (``c ? A(i - 1) : 0``)
+is checked only over the points where the condition can hold.
+
+A tensor a TC defines gets the box of its first defining statement: its shape is the extent of
+each left index's range and its origin the range's start (``O(i) = I(i - 1)`` ranges ``i`` over
+``[1, N]``, so ``O`` has ``N`` elements and ``O(i)`` is element ``i - 1``), as the original sizes
+outputs (``tc2halide``: bounds ``min`` and ``max - min + 1``).
 
 Example:
     >>> from tfx_vec.tc_ops.lang.parser import parse
@@ -27,7 +33,7 @@ from . import ast as A
 from .printer import expr_to_tc
 from .sema import CheckedDef, linear_in
 
-__all__ = ["Ranges", "infer_ranges", "interval", "check_values"]
+__all__ = ["Ranges", "infer_ranges", "interval", "check_values", "refine"]
 
 Interval = tuple  # (lo, hi) inclusive integers
 
@@ -43,10 +49,17 @@ class Ranges:
     stmt_ranges: tuple
     clamp: frozenset       # ids of Call nodes (reads) needing clamped subscripts
     value_checks: tuple = ()   # (constraint, env) of subscripts indexed by input values
+    origins: dict = dataclasses.field(default_factory=dict)  # tensor -> first index per dim
+
+    def origin(self, name: str) -> tuple[int, ...]:
+        """The index of each dimension's first element (0 unless the tensor's defining
+        statement ranges its index from elsewhere)."""
+        return self.origins.get(name) or (0,) * len(self.shapes[name])
 
     def key(self) -> tuple:
         return (tuple(sorted(self.sizes.items())), tuple(sorted(self.shapes.items())),
-                tuple(tuple(sorted(r.items())) for r in self.stmt_ranges))
+                tuple(tuple(sorted(r.items())) for r in self.stmt_ranges),
+                tuple(sorted(self.origins.items())))
 
 
 def bind_sizes(d: CheckedDef, shapes: Mapping[str, tuple]) -> dict:
@@ -164,6 +177,7 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
             raise TcShapeError(f"{d.name}: the value of scalar {s!r} is needed at compile time")
     all_shapes = {p.name: tuple(int(x) for x in shapes[p.name]) for p in d.inputs
                   if not p.is_scalar}
+    origins = {n: (0,) * len(sh) for n, sh in all_shapes.items()}
     base_env = {k: (v, v) for k, v in {**sizes, **scalars}.items()}
     stmt_ranges: dict[int, dict] = {}
     envs: dict[int, dict] = {}
@@ -192,13 +206,14 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
                         raise err(f"cannot evaluate subscript {expr_to_tc(c.expr)} of "
                                   f"{c.tensor}", c.span)
                     a = a[0]
+                    o = origins[c.tensor][c.dim]
                     n = all_shapes[c.tensor][c.dim]
                     if a == 0:
                         continue
-                    if a > 0:   # 0 <= a*v + r <= n-1 for every r in [r0, r1]
-                        clo, chi = _ceildiv(-r[0], a), _floordiv(n - 1 - r[1], a)
+                    if a > 0:   # o <= a*v + r <= o+n-1 for every r in [r0, r1]
+                        clo, chi = _ceildiv(o - r[0], a), _floordiv(o + n - 1 - r[1], a)
                     else:
-                        clo, chi = _ceildiv(n - 1 - r[1], a), _floordiv(-r[0], a)
+                        clo, chi = _ceildiv(o + n - 1 - r[1], a), _floordiv(o - r[0], a)
                     lo = max(lo, clo)
                     hi = chi if hi is None else min(hi, chi)
                 if hi is None:
@@ -220,7 +235,9 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
         stmt_ranges[cs.index] = ordered
         envs[cs.index] = env
         if s.lhs not in all_shapes:
-            all_shapes[s.lhs] = tuple(ordered[v][1] for v in s.lhs_indices)
+            all_shapes[s.lhs] = tuple(ordered[v][1] - ordered[v][0] for v in s.lhs_indices)
+            origins[s.lhs] = tuple(ordered[v][0] for v in s.lhs_indices)
+            _check_declared(d, s, all_shapes[s.lhs], sizes)
     value_checks = []
     for cs in d.stmts:
         env = envs[cs.index]
@@ -233,21 +250,94 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
             elif inner:
                 clamp.update(id(x) for x in cs.reads if c.expr in x.args)
                 continue
-            _check_subscript(d, c, env, all_shapes, value_ranges)
+            _check_subscript(d, c, env, all_shapes, origins, value_ranges)
     return Ranges(sizes, all_shapes, tuple(stmt_ranges[k] for k in range(len(d.stmts))),
-                  frozenset(clamp), tuple(value_checks))
+                  frozenset(clamp), tuple(value_checks),
+                  {n: o for n, o in origins.items() if any(o)})
 
 
-def _check_subscript(d: CheckedDef, c, env, shapes, values) -> None:
+def _check_declared(d: CheckedDef, s: A.Stmt, shape: tuple, sizes: dict) -> None:
+    """An output declared with sizes (``-> (int32(M,N) O)``) must get exactly those."""
+    dims = d.tensors[s.lhs].dims
+    if dims is None:
+        return
+    want = tuple(sizes[x] if isinstance(x, str) else x for x in dims)
+    if want != shape:
+        raise TcShapeError(f"in def {d.name}: output {s.lhs} is declared "
+                           f"({', '.join(map(str, dims))}) = {want} but its statements "
+                           f"define {shape}", s.span, d.source or None)
+
+
+def refine(env: Mapping[str, Interval], guard: tuple, shapes: Mapping[str, tuple]
+           ) -> dict | None:
+    """``env`` narrowed to the points where every ``(condition, holds)`` of ``guard`` can hold
+    (sound: only affine comparisons narrow, anything else leaves the intervals as they are);
+    None when some index is left with no value (the guarded code never runs)."""
+    env = dict(env)
+    todo = list(guard)
+    while todo:
+        cond, holds = todo.pop()
+        if isinstance(cond, A.Unary) and cond.op == "!":
+            todo.append((cond.operand, not holds))
+            continue
+        if isinstance(cond, A.Binary) and cond.op in ("&&", "||"):
+            if (cond.op == "&&") == holds:       # a && b holds / a || b fails: both parts
+                todo += [(cond.lhs, holds), (cond.rhs, holds)]
+            continue
+        if not (isinstance(cond, A.Binary) and cond.op in _FLIP):
+            continue
+        op = cond.op if holds else _NEGATE[cond.op]
+        diff = A.Binary("-", cond.lhs, cond.rhs, cond.span)       # diff op 0
+        consts = frozenset(x for x in env if env[x][0] == env[x][1])
+        for v in [x for x in env if env[x][0] != env[x][1]]:
+            if not any(isinstance(x, A.Ident) and x.name == v for x in A.walk(diff)):
+                continue
+            lin = linear_in(diff, v, consts)
+            if lin is None:
+                continue
+            a = interval(lin[0], env, shapes)
+            r = interval(lin[1], {k: x for k, x in env.items() if k != v}, shapes)
+            if a is None or r is None or a[0] != a[1] or a[0] == 0:
+                continue
+            lo, hi = env[v]
+            a = a[0]
+            # a*v + r op 0 holds for some r in [r0, r1] only if a*v op -r for the extreme r
+            for o in ((">=", "<=") if op == "==" else (op,)):
+                strict = o in (">", "<")
+                if o in (">", ">="):                 # a*v >= t
+                    t = -r[1] + strict
+                    lo, hi = (max(lo, _ceildiv(t, a)), hi) if a > 0 else \
+                        (lo, min(hi, _floordiv(t, a)))
+                else:                                # a*v <= t
+                    t = -r[0] - strict
+                    lo, hi = (lo, min(hi, _floordiv(t, a))) if a > 0 else \
+                        (max(lo, _ceildiv(t, a)), hi)
+            if lo > hi:
+                return None
+            env[v] = (lo, hi)
+    return env
+
+
+_FLIP = {"<", "<=", ">", ">=", "=="}
+_NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!="}
+
+
+def _check_subscript(d: CheckedDef, c, env, shapes, origins, values) -> None:
+    if c.guard:
+        env = refine(env, c.guard, shapes)
+        if env is None:
+            return
     n = shapes[c.tensor][c.dim]
+    o = origins.get(c.tensor, (0,) * len(shapes[c.tensor]))[c.dim]
     iv = interval(c.expr, env, shapes, values)
     if iv is None:
         raise TcRangeError(f"in def {d.name}: cannot bound subscript {expr_to_tc(c.expr)} of "
                            f"{c.tensor}", c.span, d.source or None)
-    if iv[0] < 0 or iv[1] > n - 1:
+    if iv[0] < o or iv[1] > o + n - 1:
+        where = f"has size {n}" if o == 0 else f"ranges over [{o}, {o + n - 1}]"
         raise TcRangeError(f"in def {d.name}: subscript {expr_to_tc(c.expr)} of {c.tensor} "
                            f"ranges over [{iv[0]}, {iv[1]}] but dimension {c.dim} of {c.tensor} "
-                           f"has size {n}", c.span, d.source or None)
+                           f"{where}", c.span, d.source or None)
 
 
 def check_values(d: CheckedDef, ranges: Ranges, values: Mapping[str, Interval]) -> None:
@@ -258,4 +348,4 @@ def check_values(d: CheckedDef, ranges: Ranges, values: Mapping[str, Interval]) 
         TcRangeError: an index value would read outside its tensor.
     """
     for c, env in ranges.value_checks:
-        _check_subscript(d, c, env, ranges.shapes, values)
+        _check_subscript(d, c, env, ranges.shapes, ranges.origins, values)

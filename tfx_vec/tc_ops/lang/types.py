@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["TYPE_ALIASES", "canonical", "np_dtype", "c_type", "promote", "is_float", "is_int",
-           "from_np_dtype"]
+           "from_np_dtype", "rank"]
 
 # canonical name -> (numpy dtype, C type)
 _TYPES = {
@@ -55,6 +55,11 @@ def is_float(t: str) -> bool:
 
 def is_int(t: str) -> bool:
     return t not in ("half", "float", "double", "bool")
+
+
+def rank(t: str) -> int:
+    """Position of ``t`` in the promotion order (a wider type has a larger rank)."""
+    return _RANK.index(t)
 
 
 def promote(a: str, b: str) -> str:

@@ -148,6 +148,8 @@ def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
             (f" : {bounds}" if bounds else "")
 
     def acc(tup, tensor, subs) -> str:
+        # arrays are indexed from 0: a tensor whose range starts at o is shifted by -o
+        subs = [x if not o else f"({x}) - {o}" for x, o in zip(subs, ranges.origin(tensor))]
         return f"{tup} -> {isl_name(tensor)}[{', '.join(subs)}]"
 
     for cs, sr in zip(cdef.stmts, ranges.stmt_ranges):

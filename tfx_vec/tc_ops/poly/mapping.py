@@ -48,8 +48,8 @@ from .kernel import PolyKernel
 from .promote import Promotion, promote_shared
 from .tile import tile_band
 
-__all__ = ["GpuKernel", "GpuMapping", "map_to_gpu", "schedule_for", "BLOCK_IDS", "THREAD_IDS",
-           "TileLoop"]
+__all__ = ["GpuKernel", "GpuMapping", "Launch", "map_to_gpu", "schedule_for", "BLOCK_IDS",
+           "THREAD_IDS", "TileLoop"]
 
 BLOCK_IDS = ("_b0", "_b1", "_b2")      # x, y, z: blockIdx / get_group_id
 THREAD_IDS = ("_t0", "_t1", "_t2")     # x, y, z: threadIdx / get_local_id
@@ -87,11 +87,31 @@ class GpuKernel:
         return f"[{', '.join(names)}] -> {{ : {' and '.join(ids) or 'true'} }}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch: global and local work sizes (x fastest), as OpenCL takes them; CUDA's
+    grid is ``global // local`` per dimension."""
+
+    kernel: str
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+
+
 @dataclasses.dataclass
 class GpuMapping:
     kernel: PolyKernel
     options: MappingOptions
     kernels: list[GpuKernel]
+
+    def launches(self) -> list[Launch]:
+        """The kernels' launches in order, grid and block padded to one rank."""
+        out = []
+        for gk in self.kernels:
+            n = max(len(gk.grid), len(gk.block))
+            grid = tuple(gk.grid) + (1,) * (n - len(gk.grid))
+            block = tuple(gk.block) + (1,) * (n - len(gk.block))
+            out.append(Launch(gk.name, tuple(g * b for g, b in zip(grid, block)), block))
+        return out
 
 
 def schedule_for(kernel: PolyKernel, options: MappingOptions) -> isl.Schedule:

@@ -1,0 +1,111 @@
+"""The compile stage: a checked TC def at concrete input shapes -> a backend's kernel.
+
+Everything that turns a :class:`~.lang.sema.CheckedDef` into something runnable goes through
+here: the public face (``api``), the TF op (``tf_op``), the autotuner and the Keras layers call
+these functions, never each other's internals.
+
+1. :func:`infer` -- range inference at the inputs' shapes (``lang.ranges``);
+2. :func:`compile_def` -- the backend's ``compile`` on a :class:`~.backends.KernelSpec`;
+3. :func:`output_specs` -- shape and dtype of every output (what callers allocate).
+
+:func:`initial_outputs_tc` rewrites a def whose outputs are reduced into without ``!`` (they start
+from the caller's values) into one taking those values as extra inputs, so the TF op, which
+allocates its outputs, computes the same thing (and its gradient reaches the initial values).
+
+Example:
+    >>> from tfx_vec.tc_ops.lang.sema import check_program
+    >>> cdef = check_program("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+    ...                      "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
+    >>> kernel, ranges = compile_def(cdef, {"A": (4, 3), "B": (5, 3)})
+    >>> [(name, shape) for name, shape, _ in output_specs(cdef, ranges)]
+    [('C', (4, 5))]
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .backends import KernelSpec, get_backend
+from .errors import TcShapeError
+from .lang.printer import def_to_tc
+from .lang.ranges import Ranges, infer_ranges
+from .lang.sema import CheckedDef, check_program
+from .lang.types import np_dtype
+from .options import MappingOptions
+
+__all__ = ["infer", "compile_def", "output_specs", "generate_source", "tensor_shapes",
+           "initial_outputs_tc", "INIT_PREFIX"]
+
+#: Extra inputs of :func:`initial_outputs_tc` are named ``INIT_PREFIX + output``.
+INIT_PREFIX = "tc__init_"
+
+
+def infer(cdef: CheckedDef, shapes: Mapping[str, tuple], scalars: Mapping[str, int] | None = None,
+          value_ranges: Mapping[str, tuple] | None = None) -> Ranges:
+    """Sizes, shapes and index ranges of ``cdef`` at these input shapes (``lang.ranges``)."""
+    return infer_ranges(cdef, shapes, scalars, value_ranges)
+
+
+def compile_def(cdef: CheckedDef, shapes: Mapping[str, tuple], scalars: dict | None = None,
+                backend: str = "cpu", options: MappingOptions | None = None,
+                value_ranges: dict | None = None) -> tuple[Any, Ranges]:
+    """Infer ranges at ``shapes`` and compile with ``backend``; returns (kernel, ranges)."""
+    ranges = infer(cdef, shapes, scalars, value_ranges)
+    options = options or MappingOptions.default_for(cdef.ast)
+    return get_backend(backend).compile(KernelSpec(cdef, ranges, options)), ranges
+
+
+def output_specs(cdef: CheckedDef, ranges: Ranges) -> list[tuple[str, tuple, np.dtype]]:
+    """(name, shape, NumPy dtype) of every output, in ``-> (...)`` order."""
+    return [(n, tuple(ranges.shapes[n]), np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
+
+
+def tensor_shapes(cdef: CheckedDef, input_shapes: Sequence[Sequence[int]]) -> dict:
+    """{parameter: shape} from the shapes of the *tensor* parameters in signature order."""
+    params = [p for p in cdef.inputs if not p.is_scalar]
+    if len(input_shapes) != len(params):
+        raise TcShapeError(f"{cdef.name}: expected {len(params)} input shapes "
+                           f"({', '.join(p.name for p in params)}), got {len(input_shapes)}")
+    return {p.name: tuple(int(x) for x in s) for p, s in zip(params, input_shapes)}
+
+
+def generate_source(source: str, entry: str, input_shapes: Sequence[Sequence[int]],
+                    backend: str = "cpu", options: MappingOptions | None = None,
+                    scalars: dict | None = None) -> str:
+    """The code ``backend`` generates for def ``entry`` at the given input shapes.
+
+    ``input_shapes`` lists the shapes of the tensor parameters in signature order;
+    ``scalars`` gives the int scalar arguments that subscripts depend on.
+    """
+    cdef = check_program(source)[entry]
+    kernel, _ = compile_def(cdef, tensor_shapes(cdef, input_shapes), scalars, backend, options)
+    return kernel.source
+
+
+def initial_outputs_tc(cdef: CheckedDef, ranges: Ranges) -> str:
+    """The def with one more input per output in ``cdef.inout`` (those a reduction without
+    ``!`` reads before anything writes them), named ``INIT_PREFIX + output``, copied into the
+    output by a first statement: the TC then computes from explicit initial values.
+
+    >>> from tfx_vec.tc_ops.lang.sema import check_program
+    >>> d = check_program("def acc(float(N) A) -> (S) { S(i) += A(i) }")["acc"]
+    >>> print(initial_outputs_tc(d, infer(d, {"A": (4,)})))
+    def acc(float(N) A, float(tc__init_S_0) tc__init_S) -> (S) {
+        S(tc__i0) = tc__init_S(tc__i0)
+        S(i) += A(i)
+    }
+    """
+    params, prologue = [], []
+    for name in cdef.inout:
+        info, shape, origin = cdef.tensors[name], ranges.shapes[name], ranges.origin(name)
+        init = INIT_PREFIX + name
+        idx = [f"tc__i{k}" for k in range(len(shape))]
+        dims = ",".join(f"{init}_{k}" for k in range(len(shape)))
+        params.append(f"{info.dtype}({dims}) {init}" if shape else f"{info.dtype} {init}")
+        subs = [f"{i} - {o}" if o else i for i, o in zip(idx, origin)]
+        where = [f"{i} in {o}:{o + n}" for i, o, n in zip(idx, origin, shape) if o]
+        lhs = f"{name}({','.join(idx)})" if shape else name
+        read = f"{init}({','.join(subs)})" if shape else init
+        prologue.append(f"{lhs} = {read}" + (f" where {', '.join(where)}" if where else ""))
+    return def_to_tc(cdef.ast, extra_params=tuple(params), prologue=tuple(prologue))
