@@ -317,7 +317,9 @@ class Entry:
                                  f"got {type(options).__name__}")
         uses_tf = any(isinstance(x, (tf.Tensor, tf.Variable)) for x in inputs)
         if uses_tf or not tf.executing_eagerly():
-            if self.backend in _TF_OP_BACKENDS:
+            if self.cdef.inout:
+                res = self._call_with_initial_outputs(inputs, options, outputs)
+            elif self.backend in _TF_OP_BACKENDS:
                 res = self._op_call(inputs, options, outputs)
             elif tf.executing_eagerly():
                 res = self._eager_differentiable_call(inputs, options, outputs)
@@ -333,31 +335,44 @@ class Entry:
         self._assign_variables(outputs, res)
         return res[0] if len(res) == 1 else res
 
+    def _tensors(self, inputs: Sequence[Any]) -> list[tf.Tensor]:
+        self._check_count(inputs)
+        return [tf.convert_to_tensor(x, dtype=_tf_dtype(p.dtype))
+                for p, x in zip(self._params, inputs)]
+
+    def _call_with_initial_outputs(self, inputs: Sequence[Any], options: MappingOptions | None,
+                                   outputs: Sequence[Any] | None) -> tuple:
+        """A def that reduces into its outputs' initial contents, on TF tensors: the same def
+        taking those contents as inputs (``pipeline.initial_outputs_tc``), so the TF op
+        computes it and the gradient reaches the initial values too."""
+        tensors = self._tensors(inputs)
+        ranges = self._static_ranges(tensors)
+        given = self._given_outputs(outputs, output_specs(self.cdef, ranges))
+        source = initial_outputs_tc(self.cdef, ranges)
+        key = ("initial outputs", source)
+        entry = self._compiled.get(key)
+        if entry is None:
+            entry = self._compiled[key] = Entry(check_program(source)[self.name], self.backend,
+                                                self.options, self.cache)
+        init = [_initial_value(given[self.cdef.outputs.index(n)], n, ranges, self.cdef)
+                for n in self.cdef.inout]
+        res = entry(*tensors, *init, options=options)
+        self._last = entry._last
+        return res if isinstance(res, tuple) else (res,)
+
     def _op_call(self, inputs: Sequence[Any], options: MappingOptions | None,
                  outputs: Sequence[Any] | None) -> tuple:
-        """The backend's TF op on these inputs (with initial outputs when given)."""
-        self._check_count(inputs)
-        tensors = [tf.convert_to_tensor(x, dtype=_tf_dtype(p.dtype))
-                   for p, x in zip(self._params, inputs)]
+        """The backend's TF op on these inputs."""
+        tensors = self._tensors(inputs)
         options = options or self._default_options(tensors)
-        init = ()
-        if outputs is not None and self.cdef.inout:
-            ranges = self._static_ranges(tensors)
-            given = self._given_outputs(outputs, output_specs(self.cdef, ranges))
-            source = initial_outputs_tc(self.cdef, ranges)
-            init = tuple(_initial_value(given[self.cdef.outputs.index(n)], n, ranges, self.cdef)
-                         for n in self.cdef.inout)
-        else:
-            source = self.cdef.source
-            if outputs is not None:
-                self._given_outputs(outputs, output_specs(self.cdef,
-                                                          self._static_ranges(tensors)))
+        if outputs is not None:        # checked; no output is read before it is written
+            self._given_outputs(outputs, output_specs(self.cdef, self._static_ranges(tensors)))
         if tf.executing_eagerly() and self._index_inputs:
             # ids are known now: check them (in graphs the op clamps them into range)
             self._check_values(self._convert(tensors), self._static_ranges(tensors))
-        fn = self._tf_function(source, options)
-        res = fn(*tensors, *init)
-        specs = [tf.TensorSpec(x.shape, x.dtype) for x in (*tensors, *init)]
+        fn = self._tf_function(self.cdef.source, options)
+        res = fn(*tensors)
+        specs = [tf.TensorSpec(x.shape, x.dtype) for x in tensors]
         self._last = _OpSource(lambda: fn.kernel_source(*(tf.zeros(s.shape, s.dtype)
                                                            for s in specs)))
         return res if isinstance(res, tuple) else (res,)
@@ -396,14 +411,13 @@ class Entry:
                                    outputs: Sequence[Any] | None) -> tuple:
         """A backend without TF op, eagerly: the kernel run with ``tf.custom_gradient``, whose
         gradient runs the derived backward TC on the same backend."""
-        self._check_count(inputs)
-        tensors = [tf.convert_to_tensor(x, dtype=_tf_dtype(p.dtype))
-                   for p, x in zip(self._params, inputs)]
+        tensors = self._tensors(inputs)
+        if outputs is not None:
+            self._given_outputs(outputs, output_specs(self.cdef, self._static_ranges(tensors)))
 
         @tf.custom_gradient
         def run(*xs):
-            outs = tuple(tf.convert_to_tensor(o) for o in
-                         self.run_numpy(*xs, options=options, outputs=outputs))
+            outs = tuple(tf.convert_to_tensor(o) for o in self.run_numpy(*xs, options=options))
 
             def backward(*dys):
                 return self._backward(xs, dys, options)
@@ -412,15 +426,17 @@ class Entry:
 
     def _backward(self, xs: Sequence[tf.Tensor], dys: Sequence[Any], options) -> list:
         """d(inputs) from the outputs' gradients through the derived backward TC."""
-        key = ("backward",)
+        ranges = self._static_ranges(list(xs))
+        key = ("backward", ranges.key())
         bwd = self._compiled.get(key)
         if bwd is None:
-            b = tc_grad.backward_tc(self.cdef.source, self.name)
+            b = tc_grad.backward_tc(self.cdef.source, self.name, ranges=ranges)
             bwd = self._compiled[key] = (b, Entry(check_program(b.source)[b.entry],
                                                   self.backend, options, None))
         b, entry = bwd
-        dys = [tf.zeros(s, d) if g is None else g for g, (_, s, d) in
-               zip(dys, output_specs(self.cdef, self._static_ranges(list(xs))))]
+        types = [np_dtype(p.dtype) for p in entry.cdef.inputs[len(xs):]]
+        dys = [np.zeros(s, t) if g is None else np.asarray(g, t) for g, (_, s, _), t in
+               zip(dys, output_specs(self.cdef, ranges), types)]
         ds = entry.run_numpy(*xs, *dys)
         pos = {name: k for k, name in enumerate(b.wrt)}
         return [tf.convert_to_tensor(ds[pos[p.name]]) if p.name in pos else None

@@ -49,6 +49,8 @@ from typing import Sequence
 import tensorflow as tf
 
 from .cache import cache_root
+from .grad import backward_tc
+from .lang.types import np_dtype
 
 __all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError",
            "TcFunction", "tc_function", "load_cuda_op_library", "cuda_kernel_op", "cuda_ptx",
@@ -397,7 +399,7 @@ class TcFunction:
         self._kernels: dict = {}   # (backend, input signature) -> generated kernel
         self._lock = threading.Lock()
         self._backward_spec = backward
-        self._backward: "TcFunction | None" = None
+        self._backwards: dict = {}     # forward ranges key -> backward TcFunction
         floats = tuple(p.name for p in self.cdef.inputs
                        if not p.is_scalar and p.dtype in ("float", "double", "half"))
         self.wrt = floats if wrt is None else tuple(wrt)
@@ -408,18 +410,26 @@ class TcFunction:
 
     @property
     def backward(self) -> "TcFunction":
-        """The backward TC as a TcFunction (derived on first use when ``backward="auto"``)."""
-        if self._backward is None:
+        """The backward TC as a TcFunction, shape-generic (derived on first use when
+        ``backward="auto"``); :meth:`gradient` uses :meth:`backward_for` the call's shapes."""
+        return self.backward_for(None)
+
+    def backward_for(self, ranges) -> "TcFunction":
+        """The backward TC for the forward's ``ranges`` at some shapes (``lang.ranges.Ranges``,
+        None: shape-generic), made once per ranges: it runs every statement over exactly the
+        ranges its forward statement ran over."""
+        key = None if ranges is None else ranges.key()
+        if key not in self._backwards:
             spec = self._backward_spec
             if spec is None:
                 raise TypeError(f"TC {self.entry} was made without a gradient (backward=None)")
             if spec == "auto":
-                from .grad import backward_tc
-                b = backward_tc(self.source, self.entry, self.wrt)
+                b = backward_tc(self.source, self.entry, self.wrt, ranges)
                 spec = (b.source, b.entry)
-            self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options,
-                                        backend=self.backend, cuda_arch=self.cuda_arch)
-        return self._backward
+            self._backwards[key] = TcFunction(spec[0], spec[1], backward=None,
+                                              options=self.options, backend=self.backend,
+                                              cuda_arch=self.cuda_arch)
+        return self._backwards[key]
 
     def _kernel_spec(self, inputs: list[tf.Tensor]) -> tuple:
         """(the backends' ``KernelSpec``: checked TC, sizes, options; the input signature) for
@@ -513,10 +523,14 @@ class TcFunction:
 
     def gradient(self, inputs: Sequence[tf.Tensor], grads: Sequence) -> list:
         """d(inputs) from the output gradients, via the backward TC (None for non-``wrt``)."""
-        outs_like = [g for g in grads]
-        dys = [tf.zeros(s, d) if g is None else g
-               for g, s, d in zip(outs_like, *self._out_specs(inputs))]
-        d = self.backward.raw(*inputs, *dys)
+        spec, _ = self._kernel_spec([tf.convert_to_tensor(x) for x in inputs])
+        backward = self.backward_for(spec.ranges if self._backward_spec == "auto" else None)
+        # the backward TC declares each output gradient's type (non-float outputs get zeros)
+        types = [p.dtype for p in backward.cdef.inputs[len(inputs):]]
+        dys = [tf.zeros(s, tf.as_dtype(np_dtype(t))) if g is None else
+               tf.cast(g, tf.as_dtype(np_dtype(t)))
+               for g, s, t in zip(grads, self._out_specs(inputs)[0], types)]
+        d = backward.raw(*inputs, *dys)
         res: list = [None] * len(inputs)
         pos = {p.name: i for i, p in enumerate(self.cdef.inputs)}
         for k, name in enumerate(self.wrt):

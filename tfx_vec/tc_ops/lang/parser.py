@@ -19,7 +19,7 @@ from . import ast as A
 from .lexer import TOKEN_NAMES, Token, tokenize
 from .types import canonical
 
-__all__ = ["parse"]
+__all__ = ["parse", "parse_expr"]
 
 _ASSIGN = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False), "min=": ("min=", False),
            "max=": ("max=", False), "+=!": ("+=", True), "*=!": ("*=", True),
@@ -57,6 +57,19 @@ def _resolver(lets: dict, rank0, scalars=frozenset()):
         return A.map_calls(e, lambda c: A.Ident(c.name, c.span)
                            if c.name in scalars and not c.args else c)
     return rewrite
+
+
+def parse_expr(text: str) -> A.Expr:
+    """Parse one TC expression (what the gradient pass splices together as text).
+
+    >>> parse_expr("A(i + 1) * 2").op
+    '*'
+    """
+    p = _Parser(text)
+    e = p.expr()
+    if not p.at("EOF"):
+        raise p.error(("EOF",))
+    return e
 
 
 class _Parser:

@@ -98,6 +98,8 @@ def interval(e: A.Expr, env: Mapping[str, Interval], shapes: Mapping[str, tuple]
     if isinstance(e, A.Ident):
         return env.get(e.name)
     if isinstance(e, A.DimRef):
+        if e.name not in shapes:      # a tensor no earlier statement has sized
+            return None
         n = shapes[e.name][e.dim]
         return (n, n)
     if isinstance(e, A.Unary):
@@ -322,14 +324,92 @@ _FLIP = {"<", "<=", ">", ">=", "=="}
 _NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!="}
 
 
+def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes) -> tuple[dict, int] | None:
+    """``e`` as ({index: coefficient}, constant) when it is affine in the indices of ``env``
+    with non-constant intervals (sizes and scalars fold into the constant), else None."""
+    if isinstance(e, A.Ident) and e.name in env and env[e.name][0] != env[e.name][1]:
+        return {e.name: 1}, 0
+    iv = interval(e, env, shapes) if not any(
+        isinstance(x, A.Ident) and x.name in env and env[x.name][0] != env[x.name][1]
+        for x in A.walk(e)) else None
+    if iv is not None and iv[0] == iv[1]:
+        return {}, iv[0]
+    if isinstance(e, A.Unary) and e.op in "+-":
+        f = _linear_form(e.operand, env, shapes)
+        return f if f is None or e.op == "+" else ({k: -v for k, v in f[0].items()}, -f[1])
+    if isinstance(e, A.Binary) and e.op in "+-":
+        a, b = _linear_form(e.lhs, env, shapes), _linear_form(e.rhs, env, shapes)
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "+" else -1
+        coefs = dict(a[0])
+        for k, v in b[0].items():
+            coefs[k] = coefs.get(k, 0) + sign * v
+        return {k: v for k, v in coefs.items() if v}, a[1] + sign * b[1]
+    if isinstance(e, A.Binary) and e.op == "*":
+        a, b = _linear_form(e.lhs, env, shapes), _linear_form(e.rhs, env, shapes)
+        if a is None or b is None or (a[0] and b[0]):
+            return None
+        (f, k) = (a, b[1]) if not b[0] else (b, a[1])
+        return {x: v * k for x, v in f[0].items() if v * k}, f[1] * k
+    return None
+
+
+def _guard_bounds(expr: A.Expr, guard: tuple, env, shapes) -> tuple[float, float]:
+    """Bounds on ``expr`` from guard conditions comparing the same affine form
+    (``t - k >= 0`` bounds the subscript ``t - k`` from below, whatever ``t`` and ``k`` range
+    over)."""
+    lo, hi = -float("inf"), float("inf")
+    target = _linear_form(expr, env, shapes)
+    if target is None or not target[0]:
+        return lo, hi
+    todo = list(guard)
+    while todo:
+        cond, holds = todo.pop()
+        if isinstance(cond, A.Unary) and cond.op == "!":
+            todo.append((cond.operand, not holds))
+            continue
+        if isinstance(cond, A.Binary) and cond.op in ("&&", "||"):
+            if (cond.op == "&&") == holds:
+                todo += [(cond.lhs, holds), (cond.rhs, holds)]
+            continue
+        if not (isinstance(cond, A.Binary) and cond.op in _FLIP):
+            continue
+        diff = _linear_form(A.Binary("-", cond.lhs, cond.rhs, cond.span), env, shapes)
+        if diff is None:
+            continue
+        op = cond.op if holds else _NEGATE[cond.op]
+        for sign in (1, -1):      # expr = sign * diff + shift
+            if {k: sign * v for k, v in diff[0].items()} != target[0]:
+                continue
+            shift = target[1] - sign * diff[1]
+            # diff op 0  =>  bounds on sign * diff
+            ops = (">=", "<=") if op == "==" else (op,)
+            for o in ops:
+                if o == "!=":
+                    continue
+                strict = o in (">", "<")
+                low = (o in (">", ">=")) == (sign > 0)
+                if low:
+                    lo = max(lo, shift + strict)
+                else:
+                    hi = min(hi, shift - strict)
+    return lo, hi
+
+
 def _check_subscript(d: CheckedDef, c, env, shapes, origins, values) -> None:
     if c.guard:
+        gl, gh = _guard_bounds(c.expr, c.guard, env, shapes)
         env = refine(env, c.guard, shapes)
-        if env is None:
+        if env is None or gl > gh:
             return
     n = shapes[c.tensor][c.dim]
     o = origins.get(c.tensor, (0,) * len(shapes[c.tensor]))[c.dim]
     iv = interval(c.expr, env, shapes, values)
+    if iv is not None and c.guard:
+        iv = (max(iv[0], gl), min(iv[1], gh))
+        if iv[0] > iv[1]:
+            return
     if iv is None:
         raise TcRangeError(f"in def {d.name}: cannot bound subscript {expr_to_tc(c.expr)} of "
                            f"{c.tensor}", c.span, d.source or None)
