@@ -40,9 +40,10 @@ from ..lang import ast as A
 from ..lang.ranges import Ranges
 from ..lang.sema import CheckedDef, CheckedStmt
 from ..options import MappingOptions
+from .contraction import has_contraction
 
 __all__ = ["PolyStmt", "PolyKernel", "build_kernel", "affine_to_isl", "isl_name", "annotate_cpu",
-           "reuse_tile_order", "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
+           "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
 
 MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
 
@@ -300,59 +301,27 @@ def _member_vars(member: isl.UnionPwAff, st: PolyStmt) -> set | None:
     return {v for v in st.vars if isl_name(v) in idents}
 
 
-def reuse_tile_order(node: isl.ScheduleNode, kernel: PolyKernel) -> isl.ScheduleNode:
-    """Reorder the tile loops of a just-tiled permutable band ``(..., i1, i2, r)`` (two parallel
-    members around a reduction) to ``(..., i2, r, i1)`` when every reduction statement reads an
-    operand that moves with ``i2`` and ``r`` but not ``i1`` (tmm's ``B(n, kk)``): the printer's
-    blocked kernel packs that operand's tile once per ``(i2, r)`` tile and reuses it for every
-    ``i1`` tile below (:meth:`~..codegen.c.CPrinter.emit_blocked`); the OpenMP loop becomes
-    ``i2``'s tile loop.  Any order of a permutable band's members is valid.
-    """
-    n = node.band_n_member()
-    if n < 3 or not node.band_get_permutable():
-        return node
-    coinc = [bool(node.band_member_get_coincident(i)) for i in range(n)]
-    if not (coinc[n - 3] and coinc[n - 2] and not coinc[n - 1]):
-        return node
-    mupa = node.band_get_partial_schedule()
-    reds = [s for s in kernel.stmts if s.kind == "update"]
-    for st in reds:
-        v1, v2, vr = (_member_vars(mupa.get_at(i), st) for i in (n - 3, n - 2, n - 1))
-        if not (v1 and v2 and vr):
-            return node
-        reads = [{x.name for a in r.args for x in A.walk(a) if isinstance(x, A.Ident)}
-                 for r in st.tc.reads]
-        if not any(u & v2 and u & vr and not u & v1 for u in reads):
-            return node
-    if not reds:
-        return node
-    perm = list(range(n - 3)) + [n - 2, n - 1, n - 3]
-    new = mupa
-    for i, j in enumerate(perm):
-        new = new.set_at(i, mupa.get_at(j))
-    node = node.delete().insert_partial_schedule(new).band_set_permutable(1)
-    for i, j in enumerate(perm):
-        node = node.band_member_set_coincident(i, coinc[j])
-    return node
-
-
 def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
                  kernel: PolyKernel | None = None) -> isl.Schedule:
     """Tile outermost permutable bands by ``options.tile`` and mark every loop for the printer.
 
     With ``kernel`` given and ``options.vectorize``, short-reduction TCs first get their vector
-    loop sunk innermost (:func:`sink_vector_loop`), and (``options.block``) fully tiled
-    contractions get their tile loops in reuse order (:func:`reuse_tile_order`).
+    loop sunk innermost (:func:`sink_vector_loop`); a TC with a contraction
+    (``poly/contraction.py``) keeps its bands untiled when ``options.block`` is set: the
+    printer's micro-kernel blocks the contraction for registers and caches itself.
     The first coincident loop of an outermost band gets the ``omp`` mark when
     ``options.parallel`` is set (only if no sequential loop is outside it), other coincident
     loops ``simd``, dependence-carrying loops ``seq``.
     """
+    micro = kernel is not None and options.vectorize and options.block and \
+        has_contraction(kernel.cdef)
+
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.get_type() != isl.schedule_node_type.band:
             return node
         outer = node.get_schedule_depth() == 0
         n = node.band_n_member()
-        tile = options.tile
+        tile = () if micro else options.tile
         if outer and tile and (node.band_get_permutable() or n == 1):
             k = min(len(tile), n)
             if n > k:
@@ -362,12 +331,10 @@ def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
             for i in range(k):
                 mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), tile[i]))
             node = node.band_tile(mv)
-            if kernel is not None and k == n and options.vectorize and options.block:
-                node = reuse_tile_order(node, kernel)
         node, _ = _mark_chain(node, outer and options.parallel > 0)
         return node
 
-    if kernel is not None and options.vectorize:
+    if kernel is not None and options.vectorize and not micro:
         schedule = sink_vector_loop(schedule, kernel)
     return schedule.get_root().map_descendant_bottom_up(visit).get_schedule()
 
