@@ -91,6 +91,13 @@ def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
     if backend == "cpu":
         genes["parallel"] = [0, 1, 2]
         genes["vectorize"] = [False, True]
+        genes["block"] = [False, True]
+        # the contraction micro-kernel's shape (0: chosen by the code generator)
+        genes["register_rows"] = [0, 4, 6, 8, 10, 12]
+        genes["register_vectors"] = [0, 1, 2, 3, 4]
+        genes["cache_columns"] = [0, 64, 128, 256, 512]
+        genes["cache_reduction"] = [0, 64, 128, 256, 512]
+        genes["vector_width"] = [0, 16, 32, 64]
         return genes
     for k in range(min(len(extents), 2)):
         genes[f"threads{k}"] = [1, 2, 4, 8, 16, 32, 64]
@@ -106,11 +113,20 @@ def genes_to_options(genes: dict) -> MappingOptions:
     def seq(prefix: str) -> tuple[int, ...]:
         return tuple(genes[k] for k in sorted(g for g in genes if g.startswith(prefix)))
     kw = {k: v for k, v in genes.items()
-          if not k.startswith(("tile", "threads", "blocks"))}
+          if not k.startswith(("tile", "threads", "blocks")) and k not in _PAIRS_OF}
     if seq("threads"):
         kw["map_to_threads"] = seq("threads")
         kw["map_to_blocks"] = seq("blocks")
+    for field, (a, b) in _PAIRS.items():
+        if a in genes:
+            kw[field] = (genes[a], genes[b]) if genes[a] and genes[b] else ()
     return MappingOptions(tile=seq("tile"), **kw)
+
+
+# option fields holding a pair, and the two genes that make them (0 in either: ())
+_PAIRS = {"register_tile": ("register_rows", "register_vectors"),
+          "cache_tile": ("cache_columns", "cache_reduction")}
+_PAIRS_OF = {g: (f, k) for f, gs in _PAIRS.items() for k, g in enumerate(gs)}
 
 
 def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
@@ -126,7 +142,12 @@ def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
                     genes[g] = max(space[g])
                 break
         else:
-            genes[g] = getattr(opts, g)
+            if g in _PAIRS_OF:
+                field, k = _PAIRS_OF[g]
+                pair = getattr(opts, field)
+                genes[g] = pair[k] if pair else 0
+            else:
+                genes[g] = getattr(opts, g)
     return genes
 
 
@@ -399,8 +420,9 @@ def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8
              progress: bool = True) -> TuneResult:
     """Tune the mapping of ``entry`` (a ``tc.define`` entry point) on ``inputs``.
 
-    Cuda/OpenCL tune the GPU mapping; cpu tunes tile sizes, the parallel loop, unrolling and
-    vectorisation.  Candidates are checked against the naive kernel's outputs.  ``cache`` (a path
+    Cuda/OpenCL tune the GPU mapping; cpu tunes tile sizes, the parallel loop, unrolling,
+    vectorisation and the contraction micro-kernel's register tile, cache blocks and vector
+    width.  Candidates are checked against the naive kernel's outputs.  ``cache`` (a path
     or :class:`~.cache.CompilationCache`) receives every valid candidate (best k kept per key),
     and its best entries for this key join the first generation.  Returns a :class:`TuneResult`
     whose ``options`` are never slower (as measured) than ``start`` (default: the entry's).

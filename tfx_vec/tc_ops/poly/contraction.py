@@ -87,9 +87,12 @@ def _is_zero(e: A.Expr) -> bool:
     return False
 
 
-def classify(cdef: CheckedDef, cs: CheckedStmt, var1: str, var2: str) -> Split | None:
+def classify(cdef: CheckedDef, cs: CheckedStmt, var1: str, var2: str,
+             vectors: bool = True) -> Split | None:
     """The row/column split of statement ``cs`` with rows along ``var1`` and columns along
-    ``var2`` (two of its left-hand indices), or None when it is not such a contraction."""
+    ``var2`` (two of its left-hand indices), or None when it is not such a contraction.
+    ``vectors``: the columns are vector lanes, so they must be read contiguously or packed
+    (GPU register tiles, scalar per thread, do not need that)."""
     s = cs.stmt
     if s.op != "+=" or cs.dtype not in ("float", "double") or var1 == var2:
         return None
@@ -107,7 +110,7 @@ def classify(cdef: CheckedDef, cs: CheckedStmt, var1: str, var2: str) -> Split |
         return None
     direct = all(contiguous(cdef, f, var2, cs.dtype) for f in col)
     packable = len(cs.red_vars) == 1
-    if not (direct or packable):
+    if vectors and not (direct or packable):
         return None
     return Split(tuple(row), tuple(col), direct, packable)
 
