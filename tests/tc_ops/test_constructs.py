@@ -141,3 +141,41 @@ def test_random_options_keep_the_constructs_equal():
         for o in opts:
             for out, ref in zip(entry.run_numpy(*args, options=o), case.reference(*args)):
                 np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_ranges_below_zero_and_the_old_range_syntax():
+    """``O(i) = I(i + 5)`` ranges ``i`` over ``[-5, N-6]``: N elements (the original's
+    PaddedConv/Shift1D2 inference); ``kh = [0, 2[`` is an older spelling of ``kh in 0:2``."""
+    e = tc.define("def s(float(N) I) -> (O) { O(i) = I(i + 5) }").s
+    X = np.arange(7, dtype=np.float32)
+    np.testing.assert_array_equal(e(X).numpy(), X)
+    pool = tc.define("def p(float(N) X) -> (Y) { Y(i) +=! X(2 * i + k) where k = [0, 2[ }").p
+    np.testing.assert_array_equal(pool(X[:6]).numpy(), [1, 5, 9])
+
+
+def test_equivalence_hints_variable_modulus_and_nextafter():
+    f = tc.define("""def f(float(N) X, float(N) Y) -> (Z) {
+        Z(i) = nextafter(X(i), Y(i)) <=> lib_nextafter(X(i), Y(i))
+    }""").f
+    X, Y = np.ones(3, np.float32), np.array([2, 0, 1], np.float32)
+    np.testing.assert_array_equal(f(X, Y).numpy(), np.nextafter(X, Y))
+    g = tc.define("def g(float(N) X) -> (Z) { Z(k) +=! X(k % c) where c in 1:4, k in 0:5 }").g
+    X = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(g(X).numpy(), [sum(X[k % c] for c in range(1, 4))
+                                                 for k in range(5)])
+
+
+def test_reads_guarded_by_data_dependent_conditions_are_checked_by_the_guard():
+    """Segment code (the original's TUM example): ``NormData(Idx(k) + l)`` is only read where
+    ``Idx(k) + l < Idx(k + 1)``, so the ids' values bound it, not the index ranges."""
+    src = """def seg(float(N) X, int32(KP1) Idx) -> (S) {
+        S(k, l) = (Idx(k) + l >= Idx(k + 1)) ? 0.0 : X(Idx(k) + l) where k in 0:KP1-1, l in 0:4
+    }"""
+    e = tc.define(src).seg
+    X = np.arange(1, 8, dtype=np.float32)
+    Idx = np.array([0, 3, 4, 7], np.int32)
+    want = [[X[Idx[k] + l] if Idx[k] + l < Idx[k + 1] else 0 for l in range(4)] for k in range(3)]
+    np.testing.assert_array_equal(e(X, Idx).numpy(), want)
+    unguarded = src.replace("(Idx(k) + l >= Idx(k + 1)) ? 0.0 : ", "")
+    with pytest.raises(tc.TcRangeError, match="subscript Idx\\(k\\) \\+ l of X"):
+        tc.define(unguarded).seg(X, Idx)

@@ -39,10 +39,10 @@ __all__ = ["CPrinter", "c_name"]
 _FLOAT_FUNCS = {f: (f + "f", f) for f in (
     "exp", "log", "tanh", "sqrt", "sin", "cos", "tan", "erf", "log1p", "expm1", "floor", "ceil",
     "round", "log2", "exp2", "asin", "acos", "atan", "sinh", "cosh", "cbrt", "fabs", "fmax",
-    "fmin", "pow", "atan2", "fmod")}
+    "fmin", "pow", "atan2", "fmod", "nextafter", "hypot", "copysign")}
 _FLOAT_FUNCS.update({f + "f": (f + "f", f + "f") for f in (
     "exp", "log", "tanh", "sqrt", "sin", "cos", "tan", "erf", "log1p", "expm1", "floor", "ceil",
-    "fabs", "fmax", "fmin", "pow")})
+    "fabs", "fmax", "fmin", "pow", "nextafter")})
 
 
 class CPrinter:

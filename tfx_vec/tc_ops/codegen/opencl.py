@@ -524,6 +524,9 @@ class OpenCLPrinter(GpuPrinter):
 #define powf pow
 #define atan2f atan2
 #define fmodf fmod
+#define nextafterf nextafter
+#define hypotf hypot
+#define copysignf copysign
 typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;
 typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;
 #define INT8_MIN CHAR_MIN

@@ -33,7 +33,8 @@ _UNARY = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "sin":
           "sinh": np.sinh, "cosh": np.cosh, "cbrt": np.cbrt, "fabs": np.abs, "abs": np.abs,
           "rsqrt": lambda x: 1 / np.sqrt(x), "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 _BINARY = {"fmax": np.fmax, "fmin": np.fmin, "max": np.maximum, "min": np.minimum,
-           "pow": np.power, "atan2": np.arctan2, "fmod": np.fmod}
+           "pow": np.power, "atan2": np.arctan2, "fmod": np.fmod, "nextafter": np.nextafter,
+           "hypot": np.hypot, "copysign": np.copysign}
 _REDUCE = {"+=": np.add, "*=": np.multiply, "min=": np.minimum, "max=": np.maximum}
 
 

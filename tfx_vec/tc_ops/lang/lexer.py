@@ -31,7 +31,7 @@ TOKEN_NAMES = {"ID": "identifier", "INT": "integer", "FLOAT": "number", "EOF": "
 
 _OPERATORS = sorted(["->", "+=!", "*=!", "+=", "*=", "==", "!=", "<=", ">=", "&&", "||",
                      "(", ")", "{", "}", ",", ":", "?", ".", "+", "-", "*", "/", "%", "<", ">",
-                     "!", "=", "\u2192"], key=len, reverse=True)
+                     "!", "=", "\u2192", "<=>", "[", "]"], key=len, reverse=True)
 _NUMBER = re.compile(r"(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[fF]?|0[xX][0-9a-fA-F]+")
 _IDENT = re.compile(r"[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*")
 

@@ -228,6 +228,16 @@ class _Parser:
             while self.at(","):
                 self.advance()
                 self.where_clause(where, exists, lets)
+        if self.at("<=>"):       # "<=> lib(args)": an equivalent library call, a hint only
+            self.advance()
+            self.ident("library function name")
+            self.expect("(")
+            if not self.at(")"):
+                self.expr()
+                while self.at(","):
+                    self.advance()
+                    self.expr()
+            self.expect(")")
         resolve = _resolver(lets, rank0, scalars)
         return A.Stmt(lhs.text, tuple(t.text for t in idx), tuple(t.span for t in idx), op, init,
                       resolve(rhs), tuple(where), lhs.span, tuple(resolve(e) for e in exists))
@@ -241,6 +251,15 @@ class _Parser:
             exists.append(_resolver(lets, frozenset())(self.expr()))
             return
         var = self.ident("index variable or binding name")
+        if self.at("=") and self.peek().kind == "[":      # "i = [lo, hi[": a range
+            self.advance()
+            self.advance()
+            lo = self.binary(0)
+            self.expect(",")
+            hi = self.binary(0)
+            self.expect("[")
+            where.append(A.RangeConstraint(var.text, lo, hi, var.span))
+            return
         if self.at("="):
             self.advance()
             if var.text in lets:

@@ -32,6 +32,7 @@ from ..errors import TcRangeError, TcShapeError
 from . import ast as A
 from .printer import expr_to_tc
 from .sema import CheckedDef, linear_in
+from .types import canonical
 
 __all__ = ["Ranges", "infer_ranges", "interval", "check_values", "refine"]
 
@@ -125,6 +126,9 @@ def interval(e: A.Expr, env: Mapping[str, Interval], shapes: Mapping[str, tuple]
             if a[0] >= 0 and a[1] - a[0] + 1 < k and a[0] % k <= a[1] % k:
                 return (a[0] % k, a[1] % k)
             return (0 if a[0] >= 0 else -(k - 1), k - 1)
+        if e.op == "%" and b[0] > 0:      # a divisor ranging over positive values
+            top = b[1] - 1
+            return (0, min(a[1], top)) if a[0] >= 0 else (-top, top)
         return None
     if isinstance(e, A.Ternary):
         a, b = rec(e.then), rec(e.other)
@@ -132,6 +136,9 @@ def interval(e: A.Expr, env: Mapping[str, Interval], shapes: Mapping[str, tuple]
             return None
         return (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(e, A.Call):
+        if canonical(e.name) is not None and len(e.args) == 1 and \
+                canonical(e.name) not in ("half", "float", "double"):
+            return rec(e.args[0])        # an integer cast keeps an integer's value
         if e.name in ("min", "max") and len(e.args) == 2:
             a, b = rec(e.args[0]), rec(e.args[1])
             if a is None or b is None:
@@ -199,7 +206,7 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
         for rnd in cs.rounds:
             resolved = {}
             for v, constraints in rnd:
-                lo, hi = 0, None
+                lo, hi = None, None      # the range the accesses allow (may start below 0)
                 for c in constraints:
                     coef, rest = linear_in(c.expr, v, d.params)
                     a = interval(coef, env, all_shapes)
@@ -216,7 +223,7 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
                         clo, chi = _ceildiv(o - r[0], a), _floordiv(o + n - 1 - r[1], a)
                     else:
                         clo, chi = _ceildiv(o + n - 1 - r[1], a), _floordiv(o - r[0], a)
-                    lo = max(lo, clo)
+                    lo = clo if lo is None else max(lo, clo)
                     hi = chi if hi is None else min(hi, chi)
                 if hi is None:
                     raise err(f"cannot infer the range of index {v!r}: its coefficient is 0",
@@ -244,7 +251,8 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
     for cs in d.stmts:
         env = envs[cs.index]
         for c in cs.checks:
-            inner = {x.name for x in A.walk(c.expr) if isinstance(x, A.Call)}
+            inner = {x.name for x in A.walk(c.expr) if isinstance(x, A.Call) and
+                     x.name in d.tensors}
             if inner and all(d.tensors[r].kind == "input" for r in inner):
                 value_checks.append((c, env))     # index values known per call: check_values
                 if value_ranges is None:
@@ -324,21 +332,29 @@ _FLIP = {"<", "<=", ">", ">=", "=="}
 _NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!="}
 
 
-def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes) -> tuple[dict, int] | None:
-    """``e`` as ({index: coefficient}, constant) when it is affine in the indices of ``env``
-    with non-constant intervals (sizes and scalars fold into the constant), else None."""
+def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes, atoms: dict
+                 ) -> tuple[dict, int] | None:
+    """``e`` as ({term: coefficient}, constant) when it is affine in its terms, else None.
+
+    Terms are the indices of ``env`` with non-constant intervals and reads of tensors (named
+    by their text, collected in ``atoms`` with the read); sizes and scalars fold into the
+    constant."""
     if isinstance(e, A.Ident) and e.name in env and env[e.name][0] != env[e.name][1]:
         return {e.name: 1}, 0
-    iv = interval(e, env, shapes) if not any(
-        isinstance(x, A.Ident) and x.name in env and env[x.name][0] != env[x.name][1]
-        for x in A.walk(e)) else None
-    if iv is not None and iv[0] == iv[1]:
-        return {}, iv[0]
+    if isinstance(e, A.Call) and not (e.name in ("min", "max") or canonical(e.name)):
+        key = expr_to_tc(e)
+        atoms[key] = e
+        return {key: 1}, 0
+    if not any(isinstance(x, (A.Call, A.Ident)) and (isinstance(x, A.Call) or (
+            x.name in env and env[x.name][0] != env[x.name][1])) for x in A.walk(e)):
+        iv = interval(e, env, shapes)
+        return ({}, iv[0]) if iv is not None and iv[0] == iv[1] else None
     if isinstance(e, A.Unary) and e.op in "+-":
-        f = _linear_form(e.operand, env, shapes)
+        f = _linear_form(e.operand, env, shapes, atoms)
         return f if f is None or e.op == "+" else ({k: -v for k, v in f[0].items()}, -f[1])
     if isinstance(e, A.Binary) and e.op in "+-":
-        a, b = _linear_form(e.lhs, env, shapes), _linear_form(e.rhs, env, shapes)
+        a = _linear_form(e.lhs, env, shapes, atoms)
+        b = _linear_form(e.rhs, env, shapes, atoms)
         if a is None or b is None:
             return None
         sign = 1 if e.op == "+" else -1
@@ -347,7 +363,8 @@ def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes) -> tuple[dict, 
             coefs[k] = coefs.get(k, 0) + sign * v
         return {k: v for k, v in coefs.items() if v}, a[1] + sign * b[1]
     if isinstance(e, A.Binary) and e.op == "*":
-        a, b = _linear_form(e.lhs, env, shapes), _linear_form(e.rhs, env, shapes)
+        a = _linear_form(e.lhs, env, shapes, atoms)
+        b = _linear_form(e.rhs, env, shapes, atoms)
         if a is None or b is None or (a[0] and b[0]):
             return None
         (f, k) = (a, b[1]) if not b[0] else (b, a[1])
@@ -355,14 +372,23 @@ def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes) -> tuple[dict, 
     return None
 
 
-def _guard_bounds(expr: A.Expr, guard: tuple, env, shapes) -> tuple[float, float]:
-    """Bounds on ``expr`` from guard conditions comparing the same affine form
-    (``t - k >= 0`` bounds the subscript ``t - k`` from below, whatever ``t`` and ``k`` range
-    over)."""
+def _guard_bounds(expr: A.Expr, guard: tuple, env, shapes, values=None
+                  ) -> tuple[float, float]:
+    """Bounds on ``expr`` from the guard's affine comparisons: with ``expr = s * diff + rest``
+    for a guard ``diff op 0``, ``expr`` is bounded by ``op`` and the interval of ``rest``
+    (``t - k >= 0`` bounds the subscript ``t - k`` from below; ``!(Idx(k) + l >= Idx(k + 1))``
+    bounds ``Idx(k) + l`` by the values of ``Idx``)."""
     lo, hi = -float("inf"), float("inf")
-    target = _linear_form(expr, env, shapes)
+    atoms: dict = {}
+    target = _linear_form(expr, env, shapes, atoms)
     if target is None or not target[0]:
         return lo, hi
+
+    def term_interval(k: str) -> Interval | None:
+        if k in atoms:
+            return interval(atoms[k], env, shapes, values)
+        return env.get(k)
+
     todo = list(guard)
     while todo:
         cond, holds = todo.pop()
@@ -375,31 +401,38 @@ def _guard_bounds(expr: A.Expr, guard: tuple, env, shapes) -> tuple[float, float
             continue
         if not (isinstance(cond, A.Binary) and cond.op in _FLIP):
             continue
-        diff = _linear_form(A.Binary("-", cond.lhs, cond.rhs, cond.span), env, shapes)
-        if diff is None:
+        diff = _linear_form(A.Binary("-", cond.lhs, cond.rhs, cond.span), env, shapes, atoms)
+        if diff is None or not diff[0]:
             continue
         op = cond.op if holds else _NEGATE[cond.op]
-        for sign in (1, -1):      # expr = sign * diff + shift
-            if {k: sign * v for k, v in diff[0].items()} != target[0]:
-                continue
-            shift = target[1] - sign * diff[1]
-            # diff op 0  =>  bounds on sign * diff
-            ops = (">=", "<=") if op == "==" else (op,)
-            for o in ops:
-                if o == "!=":
-                    continue
-                strict = o in (">", "<")
-                low = (o in (">", ">=")) == (sign > 0)
-                if low:
-                    lo = max(lo, shift + strict)
-                else:
-                    hi = min(hi, shift - strict)
+        for sign in (1, -1):
+            rest = dict(target[0])
+            for k, v in diff[0].items():
+                rest[k] = rest.get(k, 0) - sign * v
+            rest = {k: v for k, v in rest.items() if v}
+            r_lo = r_hi = target[1] - sign * diff[1]
+            for k, v in rest.items():
+                iv = term_interval(k)
+                if iv is None:
+                    break
+                r_lo += min(v * iv[0], v * iv[1])
+                r_hi += max(v * iv[0], v * iv[1])
+            else:
+                # expr = sign * diff + rest, diff op 0
+                for o in ((">=", "<=") if op == "==" else (op,)):
+                    if o == "!=":
+                        continue
+                    strict = o in (">", "<")
+                    if (o in (">", ">=")) == (sign > 0):
+                        lo = max(lo, r_lo + strict)
+                    else:
+                        hi = min(hi, r_hi - strict)
     return lo, hi
 
 
 def _check_subscript(d: CheckedDef, c, env, shapes, origins, values) -> None:
     if c.guard:
-        gl, gh = _guard_bounds(c.expr, c.guard, env, shapes)
+        gl, gh = _guard_bounds(c.expr, c.guard, env, shapes, values)
         env = refine(env, c.guard, shapes)
         if env is None or gl > gh:
             return

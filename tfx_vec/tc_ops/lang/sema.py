@@ -38,7 +38,8 @@ BUILTINS: dict[str, tuple[int, str]] = {
     "fabs": (1, "float"), "abs": (1, "same"),
     "fmax": (2, "float"), "fmin": (2, "float"), "fmaxf": (2, "float32"), "fminf": (2, "float32"),
     "max": (2, "same"), "min": (2, "same"), "pow": (2, "float"), "powf": (2, "float32"),
-    "atan2": (2, "float"), "fmod": (2, "float"),
+    "atan2": (2, "float"), "fmod": (2, "float"), "nextafter": (2, "float"),
+    "nextafterf": (2, "float32"), "hypot": (2, "float"), "copysign": (2, "float"),
 }
 
 
