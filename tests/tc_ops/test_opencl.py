@@ -78,6 +78,14 @@ def test_mlp3_untiled_shared_memory_keeps_every_statement():
     check_case(case, opts.replace(map_to_threads=(4, 2), map_to_blocks=(3, 2)), seed=1)
 
 
+def test_register_tile_needs_reduction_loops_inside_it():
+    # Regression (hypothesis' find): with fusion 'min' the output index w sat in a loop inside
+    # the thread loops of f and h; the register tile treated it as a reduction loop.
+    case = next(c for c in CASES if c.name == "group_convolution")
+    check_case(case, MappingOptions(tile=(), map_to_threads=(1,), map_to_blocks=(1,),
+                                    use_private_memory=True, fusion_strategy="min"))
+
+
 def test_shared_memory_changes_the_code_not_the_result():
     case = next(c for c in CASES if c.name == "tmm")
     on = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 4), use_shared_memory=True)

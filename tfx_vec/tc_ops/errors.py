@@ -19,7 +19,7 @@ import dataclasses
 
 __all__ = ["Span", "TcError", "TcSyntaxError", "TcNameError", "TcTypeError", "TcSemanticError",
            "TcRangeError", "TcShapeError", "TcOptionsError", "TcCompileError", "TcBackendError",
-           "TcGradientError", "TcWarning"]
+           "TcSecurityError", "TcGradientError", "TcWarning"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,3 +140,8 @@ class TcWarning(UserWarning):
 
     def __init__(self, message: str, span: Span | None = None, source: str | None = None):
         super().__init__(TcError(message, span, source).args[0])
+
+
+class TcSecurityError(TcError):
+    """Something tc_ops refuses to trust: a cache directory or key file that another user owns
+    or can write, a symbolic link where a cache entry or directory should be (see SECURITY.md)."""

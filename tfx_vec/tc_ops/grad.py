@@ -25,9 +25,16 @@ Example:
     >>> src = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
     >>> print(backward_tc(src, "tmm").source)  # doctest: +NORMALIZE_WHITESPACE
     def tmm_grad(float(M,K) A, float(N,K) B, float(D_C_0,D_C_1) d_C) -> (d_A, d_B) {
-        d_A(m,kk) +=! d_C(m,n) * B(n,kk)
-        d_B(n,kk) +=! d_C(m,n) * A(m,kk)
+        d_A(i0,i1) = float(0) where i0 in 0:M, i1 in 0:K
+        d_A(m,kk) += d_C(m,n) * B(n,kk)
+        d_B(i0,i1) = float(0) where i0 in 0:N, i1 in 0:K
+        d_B(n,kk) += d_C(m,n) * A(m,kk)
     }
+
+Shape-generic as above, an input's gradient starts as zeros over the whole input; derived at
+concrete shapes (``ranges=``, what the TC ops do at each run's shapes) every statement runs over
+exactly its forward statement's ranges and a gradient that covers the input is reduced with
+``+=!`` directly.
 """
 from __future__ import annotations
 
@@ -376,9 +383,9 @@ class _Box:
     def covers(self, k: int, subs: Sequence[str], tensor: str) -> bool:
         """Does an adjoint written at ``subs`` by statement ``k`` cover all of input ``tensor``
         (distinct indices, each over its whole dimension; fresh ``_g`` ones always are)?
-        Shape-generic (no ranges): assumed, as range inference then sizes the adjoint."""
+        Shape-generic (no ranges): unknown, so the adjoint starts as zeros over the input."""
         if self.ranges is None:
-            return True
+            return all(x.startswith("_g") for x in subs)
         if len(set(subs)) != len(subs):
             return False
         r, shape = self.ranges.stmt_ranges[k], self.ranges.shapes[tensor]

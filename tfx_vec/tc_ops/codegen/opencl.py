@@ -272,8 +272,11 @@ class GpuPrinter(CPrinter):
         moves = {v: {i for i in (it1, it2, *red_its) if _uses_word(b, i)} for v, b in bind.items()}
         var1 = [v for v in st.tc.lhs_vars if moves[v] == {it1}]
         var2 = [v for v in st.tc.lhs_vars if moves[v] == {it2}]
-        if len(var1) != 1 or len(var2) != 1 or any(moves[v] & {it1, it2}
-                                                   for v in st.tc.red_vars):
+        # the loops inside the tile must be reduction loops: an output index bound to one of
+        # them (fusion 'min' can put a parallel loop there) would leave the tile's points apart
+        if len(var1) != 1 or len(var2) != 1 or any(
+                moves[v] & {it1, it2} for v in st.tc.red_vars) or any(
+                moves[v] & set(red_its) for v in st.tc.lhs_vars):
             return None
         split = classify(self.cdef, st.tc, var1[0], var2[0], vectors=False)
         pre, post = leaves[:loops[0]], leaves[loops[0] + 1:]
