@@ -2,7 +2,7 @@
 
 Each :class:`Case` is a row: ``name``, TC ``source``, ``entry``, ``inputs(rng)`` (random shapes
 and non-zero values; returns the argument list in signature order) and ``reference(*args)`` (NumPy,
-returns the outputs in ``-> (...)`` order).  Backends (cpu here, OpenCL/CUDA in T2's tests) run
+returns the outputs in ``-> (...)`` order).  The backends' tests (cpu, OpenCL, CUDA) run
 every case and compare every output element.
 """
 from __future__ import annotations

@@ -43,11 +43,26 @@ from .options import FUSION_STRATEGIES, MappingOptions
 from .pipeline import compile_def, infer, output_specs
 
 __all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
-           "options_to_genes", "autotune", "cached_options", "EntryTarget", "def_source"]
+           "options_to_genes", "autotune", "cached_options", "cache_key_for", "EntryTarget",
+           "def_source"]
 
 
 class TuningTarget(Protocol):
-    """What the search needs from a kernel on a backend."""
+    """What the search needs from a kernel on a backend.
+
+    Example:
+        A target whose "kernel" is its options and whose run time falls with the first tile
+        size (what :func:`genetic_search` sees of a real backend):
+
+        >>> import numpy as np
+        >>> class Toy:
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / (compiled.tile[0] if compiled.tile else 1)
+        >>> isinstance(Toy().run(Toy().compile(MappingOptions(tile=(4,))))[1], float)
+        True
+    """
 
     def compile(self, options: MappingOptions) -> Any:
         """Compile for ``options`` (called from several threads at once)."""
@@ -58,7 +73,20 @@ class TuningTarget(Protocol):
 
 @dataclasses.dataclass
 class TuneResult:
-    """The outcome of a search; ``options`` is the best found (or the start)."""
+    """The outcome of a search; ``options`` is the best found (or the start).
+
+    Example:
+        >>> import numpy as np
+        >>> class Toy:
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / compiled.tile[0]
+        >>> r = genetic_search(Toy(), {"tile0": [1, 2, 4, 8]}, MappingOptions(tile=(1,)),
+        ...                    [np.zeros(1)], generations=2, population=4, progress=False)
+        >>> r.runtime <= r.start_runtime, r.rejected
+        (True, 0)
+    """
 
     options: MappingOptions
     runtime: float
@@ -82,7 +110,15 @@ def _sizes(extent: int, cap: int = 512) -> list[int]:
 
 
 def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
-    """Genes and their admissible values for loops of the given ``extents`` (outermost first)."""
+    """Genes and their admissible values for loops of the given ``extents`` (outermost first).
+
+    Example:
+        >>> space = search_space("cpu", [128, 1024])
+        >>> space["tile0"][:4], space["register_rows"], space["vector_width"]
+        ([1, 2, 4, 8], [0, 4, 6, 8, 10, 12], [0, 16, 32, 64])
+        >>> "use_shared_memory" in search_space("opencl", [64])
+        True
+    """
     genes: dict[str, list] = {}
     for k, e in enumerate(extents[:3]):
         genes[f"tile{k}"] = _sizes(e)
@@ -109,7 +145,14 @@ def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
 
 
 def genes_to_options(genes: dict) -> MappingOptions:
-    """Assemble MappingOptions from genes (raises TcOptionsError when they are invalid)."""
+    """Assemble MappingOptions from genes (raises TcOptionsError when they are invalid).
+
+    Example:
+        >>> o = genes_to_options({"tile0": 32, "tile1": 64, "register_rows": 6,
+        ...                       "register_vectors": 2, "vector_width": 32})
+        >>> o.tile, o.register_tile, o.vector_width
+        ((32, 64), (6, 2), 32)
+    """
     def seq(prefix: str) -> tuple[int, ...]:
         return tuple(genes[k] for k in sorted(g for g in genes if g.startswith(prefix)))
     kw = {k: v for k, v in genes.items()
@@ -130,7 +173,16 @@ _PAIRS_OF = {g: (f, k) for f, gs in _PAIRS.items() for k, g in enumerate(gs)}
 
 
 def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
-    """The genes of ``opts`` (values outside the space are kept: the start must be reachable)."""
+    """The genes of ``opts`` (values outside the space are kept: the start must be reachable).
+
+    Example:
+        >>> space = search_space("cpu", [64, 64])
+        >>> genes = options_to_genes(MappingOptions(tile=(16, 32), register_tile=(8, 2)), space)
+        >>> genes["tile0"], genes["tile1"], genes["register_rows"], genes["register_vectors"]
+        (16, 32, 8, 2)
+        >>> genes_to_options(genes).register_tile
+        (8, 2)
+    """
     genes = {}
     for g in space:
         for prefix, field in (("tile", "tile"), ("threads", "map_to_threads"),
@@ -179,6 +231,18 @@ def genetic_search(target: TuningTarget, space: dict[str, list], start: MappingO
     """Tune ``start`` on ``target``; see the module docstring for the algorithm.
 
     ``seeds`` (e.g. the cache's best entries) join the first generation after ``start``.
+
+    Example:
+        >>> import numpy as np
+        >>> class Toy:                       # run time 1/tile: the largest tile is best
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / compiled.tile[0]
+        >>> r = genetic_search(Toy(), {"tile0": [1, 2, 4, 8]}, MappingOptions(tile=(1,)),
+        ...                    [np.zeros(1)], generations=3, population=6, progress=False)
+        >>> r.options.tile
+        (8,)
     """
     for name, v, lo in (("generations", generations, 1), ("population", population, 2),
                         ("threads", threads, 1), ("repeats", repeats, 1)):
@@ -300,7 +364,15 @@ def _progress_bar(total: int, enabled: bool):
 
 # -- TC entry points ---------------------------------------------------------------------------
 def def_source(cdef: Any) -> str:
-    """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``)."""
+    """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> print(def_source(check_program("def f(float(N) A)->(B){B(i)=A(i)}")["f"]))
+        def f(float(N) A) -> (B) {
+          B(i) = A(i)
+        }
+    """
     return def_to_tc(cdef.ast)
 
 
@@ -321,7 +393,19 @@ def device_name(backend: str) -> str:
 
 
 class EntryTarget:
-    """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs."""
+    """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }")
+        >>> t = EntryTarget(mod.rs, [np.ones((4, 3), np.float32)])
+        >>> t.extents()
+        [4, 3]
+        >>> outs, seconds = t.run(t.compile(MappingOptions()))
+        >>> outs[0].tolist()
+        [3.0, 3.0, 3.0, 3.0]
+    """
 
     def __init__(self, entry: Any, arrays: list[np.ndarray]):
         self.entry, self.arrays = entry, arrays
@@ -373,7 +457,16 @@ def _as_cache(cache: Any):
 
 def cache_key_for(entry: Any, inputs: Sequence[Any], cache: Any):
     """The cache key of ``entry`` on ``inputs`` (arrays or tensors: their shapes and dtypes),
-    with the canonical TC, the backend and the device."""
+    with the canonical TC, the backend and the device.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }")
+        >>> key = cache_key_for(mod.neg, [np.ones(8, np.float32)], tc.CompilationCache("c.json"))
+        >>> key.backend, key.inputs
+        ('cpu', (((8,), 'float32'),))
+    """
     specs = _input_specs(entry, inputs)
     if specs is None:
         raise TcError(f"{entry.name}: the cache is keyed by fully known input shapes")
@@ -400,7 +493,20 @@ def _input_specs(entry: Any, inputs: Sequence[Any]) -> list[tuple] | None:
 
 
 def cached_options(entry: Any, *inputs: Any, cache: Any) -> MappingOptions | None:
-    """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss."""
+    """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }")
+        >>> x = np.ones(8, np.float32)
+        >>> cached_options(mod.neg, x, cache="empty.json") is None      # a miss
+        True
+        >>> cache = tc.CompilationCache("opts.json")
+        >>> cache.record(cache_key_for(mod.neg, [x], cache), MappingOptions(unroll=4).to_dict(), 1e-6)
+        >>> cached_options(mod.neg, x, cache=cache).unroll
+        4
+    """
     cache = _as_cache(cache)
     if _input_specs(entry, inputs) is None:
         return None
@@ -426,6 +532,20 @@ def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8
     or :class:`~.cache.CompilationCache`) receives every valid candidate (best k kept per key),
     and its best entries for this key join the first generation.  Returns a :class:`TuneResult`
     whose ``options`` are never slower (as measured) than ``start`` (default: the entry's).
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+        >>> x = np.ones(64, np.float32)
+        >>> best = tc.autotune(mod.add, x, x, generations=1, population=2, progress=False,
+        ...                    cache="tuned.json")
+        >>> best.runtime <= best.start_runtime
+        True
+        >>> tuned = tc.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }",
+        ...                   cache="tuned.json")          # calls use the cached best
+        >>> tuned.add(x, x).numpy()[:3]
+        array([2., 2., 2.], dtype=float32)
     """
     arrays = entry._convert(inputs)
     target = EntryTarget(entry, arrays)

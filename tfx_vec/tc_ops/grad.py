@@ -58,6 +58,11 @@ class BackwardTc:
 
     ``source`` defines ``entry``; its parameters are the forward inputs followed by one gradient
     per forward output (``d_<name>``), and it returns ``d_<input>`` for each name of ``wrt``.
+
+    Example:
+        >>> b = backward_tc("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs")
+        >>> b.entry, b.wrt, b.outputs
+        ('rs_grad', ('A',), ('S',))
     """
 
     source: str
@@ -217,6 +222,18 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None,
         TC) the ranges are left to range inference.
     Raises:
       TcGradientError: with line/column when a statement cannot be differentiated.
+
+    Example:
+        >>> print(backward_tc("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs").source)
+        def rs_grad(float(N,K) A, float(D_S_0) d_S) -> (d_A) {
+            d_A(i0,i1) = float(0) where i0 in 0:N, i1 in 0:K
+            d_A(n,k) += d_S(n) where k in 0:K
+        }
+        >>> backward_tc("def p(float(N,K) A) -> (P) { P(n) *=! A(n,k) }", "p")
+        Traceback (most recent call last):
+        ...
+        tfx_vec.tc_ops.errors.TcGradientError: line 1, column 30: automatic gradients of *= reductions are not supported (give a backward TC)
+        ...
     """
     prog = parse(source)
     d = prog.get(entry)

@@ -59,7 +59,9 @@ class MappingOptions:
         map_to_threads: GPU block sizes (x, y, z), at most 3.
         map_to_blocks: GPU grid sizes (x, y, z), at most 3.
         use_shared_memory: promote array tiles to GPU shared memory.
-        use_private_memory: promote to GPU registers/private memory.
+        use_private_memory: GPU: keep a thread's reduction in a register, and a thread's
+            points of a contraction as a register tile (each row and column value read once
+            per reduction step).
         unroll: unroll innermost loops by up to this factor (1 = no unrolling).
         unroll_copy_shared: also unroll the shared-memory copy loops.
         fusion_strategy: isl scheduler fusion: "max", "preserve3coincident" or "min".
@@ -79,6 +81,13 @@ class MappingOptions:
             operand (it stays in cache while every row block uses it); ``()``: (256, 256).
         vector_width: CPU micro-kernel vector bytes: 16, 32 or 64; 0 = the widest this
             machine has.
+
+    Example:
+        >>> o = MappingOptions(tile=(32, 32), register_tile=(6, 2), vector_width=32)
+        >>> o.replace(unroll=4).unroll, MappingOptions.from_json(o.to_json()) == o
+        (4, True)
+        >>> MappingOptions.naive().vectorize
+        False
     """
 
     tile: tuple[int, ...] = ()

@@ -43,26 +43,59 @@ INIT_PREFIX = "tc__init_"
 
 def infer(cdef: CheckedDef, shapes: Mapping[str, tuple], scalars: Mapping[str, int] | None = None,
           value_ranges: Mapping[str, tuple] | None = None) -> Ranges:
-    """Sizes, shapes and index ranges of ``cdef`` at these input shapes (``lang.ranges``)."""
+    """Sizes, shapes and index ranges of ``cdef`` at these input shapes (``lang.ranges``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> cdef = check_program("def sh(float(N) A) -> (B) { B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
+        >>> r = infer(cdef, {"A": (5,)})
+        >>> r.shapes["B"], r.stmt_ranges[0]
+        ((4,), {'i': (0, 4)})
+    """
     return infer_ranges(cdef, shapes, scalars, value_ranges)
 
 
 def compile_def(cdef: CheckedDef, shapes: Mapping[str, tuple], scalars: dict | None = None,
                 backend: str = "cpu", options: MappingOptions | None = None,
                 value_ranges: dict | None = None) -> tuple[Any, Ranges]:
-    """Infer ranges at ``shapes`` and compile with ``backend``; returns (kernel, ranges)."""
+    """Infer ranges at ``shapes`` and compile with ``backend``; returns (kernel, ranges).
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> kernel, ranges = compile_def(cdef, {"A": (3,)})
+        >>> a, b = np.arange(3, dtype=np.float32), np.zeros(3, np.float32)
+        >>> kernel.run([a, b]); b                 # inputs, then outputs, in place
+        array([-0., -1., -2.], dtype=float32)
+    """
     ranges = infer(cdef, shapes, scalars, value_ranges)
     options = options or MappingOptions.default_for(cdef.ast)
     return get_backend(backend).compile(KernelSpec(cdef, ranges, options)), ranges
 
 
 def output_specs(cdef: CheckedDef, ranges: Ranges) -> list[tuple[str, tuple, np.dtype]]:
-    """(name, shape, NumPy dtype) of every output, in ``-> (...)`` order."""
+    """(name, shape, NumPy dtype) of every output, in ``-> (...)`` order.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> cdef = check_program("def f(float(N) A) -> (int32(N) I, S) "
+        ...                      "{ I(i) = int32(A(i))  S(i) = A(i) }")["f"]
+        >>> output_specs(cdef, infer(cdef, {"A": (2,)}))
+        [('I', (2,), dtype('int32')), ('S', (2,), dtype('float32'))]
+    """
     return [(n, tuple(ranges.shapes[n]), np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
 
 
 def tensor_shapes(cdef: CheckedDef, input_shapes: Sequence[Sequence[int]]) -> dict:
-    """{parameter: shape} from the shapes of the *tensor* parameters in signature order."""
+    """{parameter: shape} from the shapes of the *tensor* parameters in signature order.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> cdef = check_program("def f(float a, float(N,K) X) -> (Y) { Y(n) +=! a * X(n,k) }")["f"]
+        >>> tensor_shapes(cdef, [(2, 3)])          # the scalar a has no shape
+        {'X': (2, 3)}
+    """
     params = [p for p in cdef.inputs if not p.is_scalar]
     if len(input_shapes) != len(params):
         raise TcShapeError(f"{cdef.name}: expected {len(params)} input shapes "
@@ -77,6 +110,15 @@ def generate_source(source: str, entry: str, input_shapes: Sequence[Sequence[int
 
     ``input_shapes`` lists the shapes of the tensor parameters in signature order;
     ``scalars`` gives the int scalar arguments that subscripts depend on.
+
+    Example:
+        >>> src = generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }", "neg", [(8,)])
+        >>> "void tc_neg(void* const* args)" in src
+        True
+        >>> cl = generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }", "neg", [(8,)],
+        ...                      backend="cuda")
+        >>> '__global__ void tc_neg_k0(' in cl
+        True
     """
     cdef = check_program(source)[entry]
     kernel, _ = compile_def(cdef, tensor_shapes(cdef, input_shapes), scalars, backend, options)
@@ -95,6 +137,18 @@ def initial_outputs_tc(cdef: CheckedDef, ranges: Ranges) -> str:
         S(tc__i0) = tc__init_S(tc__i0)
         S(i) += A(i)
     }
+
+    Example:
+        >>> import warnings
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")      # max= without ! warns: it is meant here
+        ...     cdef = check_program("def rowmax(float(N,K) A) -> (M) { M(n) max= A(n,k) }")["rowmax"]
+        >>> print(initial_outputs_tc(cdef, infer(cdef, {"A": (2, 3)})))
+        def rowmax(float(N,K) A, float(tc__init_M_0) tc__init_M) -> (M) {
+            M(tc__i0) = tc__init_M(tc__i0)
+            M(n) max= A(n, k)
+        }
     """
     params, prologue = [], []
     for name in cdef.inout:

@@ -521,6 +521,16 @@ def tc_function(source: str, entry: str, *, backward="auto", options=None,
 
     ``wrt`` limits the gradient to some inputs (the others get None), e.g. a convolution's
     weights when its input's subscripts (``I(h + kh)``) are not differentiable automatically.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> f = tc_function("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs")
+        >>> a = tf.ones([2, 3])
+        >>> with tf.GradientTape() as tape:
+        ...     tape.watch(a)
+        ...     loss = tf.reduce_sum(f(a))
+        >>> tape.gradient(loss, a).numpy()[0]
+        array([1., 1., 1.], dtype=float32)
     """
     return TcFunction(source, entry, backward=backward, options=options, wrt=wrt,
                       backend=backend)

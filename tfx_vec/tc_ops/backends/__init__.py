@@ -52,7 +52,23 @@ _INSTANCES: dict[str, Any] = {}
 
 
 def register_backend(name: str, factory: Callable[[], Any]) -> None:
-    """Register ``factory`` (called once, on first use) under ``name``; replaces an older one."""
+    """Register ``factory`` (called once, on first use) under ``name``; replaces an older one.
+
+    Example:
+        A backend that runs the CPU kernels under another name:
+
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> class Mine:
+        ...     name = "mine"
+        ...     def compile(self, spec):
+        ...         return get_backend("cpu").compile(spec)
+        >>> register_backend("mine", Mine)
+        >>> tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="mine").neg(
+        ...     np.ones(2, np.float32)).numpy()
+        array([-1., -1.], dtype=float32)
+        >>> _ = _FACTORIES.pop("mine"), _INSTANCES.pop("mine", None)     # unregister
+    """
     _FACTORIES[name] = factory
     _INSTANCES.pop(name, None)
 

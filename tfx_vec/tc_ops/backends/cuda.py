@@ -36,7 +36,13 @@ __all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "Cu
 
 
 def nvcc_path() -> str | None:
-    """``nvcc`` on PATH (or /usr/local/cuda/bin), else None."""
+    """``nvcc`` on PATH (or /usr/local/cuda/bin), else None.
+
+    Example:
+        >>> p = nvcc_path()
+        >>> p is None or p.endswith("nvcc")
+        True
+    """
     return shutil.which("nvcc") or (
         "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
@@ -45,6 +51,12 @@ def nvcc_check(source: str, arch: str = "sm_90") -> None:
     """Compile ``source`` with ``nvcc -arch=<arch> -c``; raise TcCompileError with nvcc's output.
 
     Raises TcBackendError when nvcc is not installed.
+
+    Example::
+
+        from tfx_vec import tc_ops as tc      # needs nvcc on PATH
+        nvcc_check(tc.generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }",
+                                      "neg", [(64,)], backend="cuda"), arch="sm_90")
     """
     nvcc = nvcc_path()
     if nvcc is None:
@@ -82,6 +94,12 @@ def dlpack_data_pointer(tensor: Any) -> tuple[int, int]:
     """(address of the first element, DLPack device type) of a TF tensor, without copying.
 
     The tensor must stay alive while the address is used.  Device type 1 is host memory, 2 CUDA.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> address, device = dlpack_data_pointer(tf.constant([1.0, 2.0]))
+        >>> address > 0, device            # 1: host memory
+        (True, 1)
     """
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
     get = ctypes.pythonapi.PyCapsule_GetPointer
@@ -102,7 +120,12 @@ _runtime_lock = threading.Lock()
 
 
 def cuda_runtime() -> "CudaRuntime":
-    """The process' CUDA runtime; TcBackendError when pycuda or a CUDA driver/GPU is missing."""
+    """The process' CUDA runtime; TcBackendError when pycuda or a CUDA driver/GPU is missing.
+
+    Example::
+
+        print(cuda_runtime().name)    # needs pycuda and a GPU, e.g. NVIDIA H100 80GB HBM3
+    """
     global _runtime
     with _runtime_lock:
         if _runtime is None:
@@ -111,7 +134,16 @@ def cuda_runtime() -> "CudaRuntime":
 
 
 class CudaRuntime:
-    """pycuda on the device TF uses (its primary context), kernels compiled per source text."""
+    """pycuda on the device TF uses (its primary context), kernels compiled per source text.
+
+    Example::
+
+        from tfx_vec import tc_ops as tc      # needs pycuda and a GPU
+        rt = cuda_runtime()
+        src = tc.generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }", "neg", [(64,)],
+                                 backend="cuda")
+        assert rt.module(src) is rt.module(src)    # compiled once per source text
+    """
 
     def __init__(self) -> None:
         try:
@@ -198,6 +230,17 @@ class CudaKernel:
     ``run(args)`` takes NumPy buffers in the ABI order (outputs written in place, through the
     GPU); :meth:`run_tensors` takes TF tensors already on the GPU and returns TF tensors, with no
     host round trip.
+
+    Example:
+        >>> from tfx_vec.tc_ops.backends import KernelSpec
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.pipeline import infer
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> kernel = CudaBackend().compile(KernelSpec(cdef, infer(cdef, {"A": (64,)}),
+        ...                                           MappingOptions(tile=(16,), map_to_threads=(16,))))
+        >>> kernel.launches, kernel.outputs
+        ([Launch(kernel='tc_neg_k0', global_size=(64,), local_size=(16,))], [((64,), dtype('float32'))])
     """
 
     def __init__(self, spec: Any, mapping: Any, source: str):
@@ -219,7 +262,19 @@ class CudaKernel:
 
 
 class CudaBackend:
-    """``backend="cuda"``: generation needs nothing; running needs pycuda and a CUDA GPU."""
+    """``backend="cuda"``: generation needs nothing; running needs pycuda and a CUDA GPU.
+
+    Example:
+        >>> from tfx_vec.tc_ops.backends import KernelSpec
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.pipeline import infer
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> spec = KernelSpec(cdef, infer(cdef, {"A": (64,)}), MappingOptions())
+        >>> kernel = CudaBackend().compile(spec)                  # no GPU needed to generate
+        >>> 'extern "C" __global__ void tc_neg_k0(' in kernel.source
+        True
+    """
 
     name = "cuda"
 

@@ -69,7 +69,12 @@ def _cl():
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether an OpenCL device can be used here."""
+    """Whether an OpenCL device can be used here.
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
     try:
         OpenCLRuntime.get()
         return True
@@ -78,12 +83,27 @@ def available() -> bool:
 
 
 def device_name() -> str:
-    """The OpenCL device's name (part of cache keys)."""
+    """The OpenCL device's name (part of cache keys).
+
+    Example::
+
+        print(device_name())    # needs an OpenCL platform; on PoCL, e.g. pthread-skylake-...
+    """
     return OpenCLRuntime.get().device.name.strip()
 
 
 class OpenCLRuntime:
-    """A context and queue on the first OpenCL device (CPU devices included), and built programs."""
+    """A context and queue on the first OpenCL device (CPU devices included), and built programs.
+
+    Example::
+
+        import numpy as np
+        src = ("__kernel void twice(__global const float* a, __global float* b)"
+               "{ int i = get_global_id(0); b[i] = 2 * a[i]; }")
+        b = np.zeros(8, np.float32)
+        OpenCLRuntime.get().run(src, [Launch("twice", (8,), (4,))], [np.ones(8, np.float32)], [b])
+        print(b[:3])            # [2. 2. 2.]
+    """
 
     _instance: "OpenCLRuntime | None" = None
     _lock = threading.Lock()
@@ -193,7 +213,18 @@ class OpenCLRuntime:
 
 
 class OpenCLKernel:
-    """A compiled TC on OpenCL: ``source``, ``run(args)`` in the ABI order (outputs in place)."""
+    """A compiled TC on OpenCL: ``source``, ``run(args)`` in the ABI order (outputs in place).
+
+    Example::
+
+        import numpy as np
+        from tfx_vec import tc_ops as tc
+        mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="opencl")
+        kernel = mod.neg.compile(np.ones(8, np.float32))     # an OpenCLKernel
+        b = np.zeros(8, np.float32)
+        kernel.run([np.ones(8, np.float32), b])                # inputs, then outputs
+        print(b[:2], "__kernel void tc_neg_k0(" in kernel.source)   # [-1. -1.] True
+    """
 
     def __init__(self, spec: Any, mapping: Any, source: str):
         self.spec, self.mapping, self.source = spec, mapping, source
@@ -213,7 +244,16 @@ class OpenCLKernel:
 
 
 class OpenCLBackend:
-    """``backend="opencl"``: the GPU mapping printed as OpenCL C, run with pyopencl (PoCL here)."""
+    """``backend="opencl"``: the GPU mapping printed as OpenCL C, run with pyopencl (PoCL here).
+
+    Example::
+
+        import numpy as np
+        from tfx_vec import tc_ops as tc
+        mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="opencl")
+        print(mod.neg(np.ones(4, np.float32)).numpy())   # [-1. -1. -1. -1.], compiled by
+                                                         # OpenCLBackend().compile(spec)
+    """
 
     name = "opencl"
 

@@ -46,7 +46,18 @@ _FLOAT_FUNCS.update({f + "f": (f + "f", f + "f") for f in (
 
 
 class CPrinter:
-    """C with OpenMP pragmas (the CPU dialect); subclasses override attributes and ``emit_*``."""
+    """C with OpenMP pragmas (the CPU dialect); subclasses override attributes and ``emit_*``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (3,)}))
+        >>> src = CPrinter(k).kernel_source(k.identity_schedule())
+        >>> "void tc_neg(void* const* args)" in src
+        True
+    """
 
     restrict = "restrict"
     kernel_prefix = ""                       # e.g. 'extern "C" __global__' in CUDA
@@ -78,6 +89,9 @@ class CPrinter:
         self.options = options or MappingOptions.naive()
         self.shapes = kernel.ranges.shapes
         self.sizes = kernel.ranges.sizes
+        # vector types and select helpers the printed body used (typedefs printed at the top)
+        self._vector_types: dict[str, tuple[str, int]] = {}
+        self._vector_selects: set[str] = set()
 
     # -- types and names -----------------------------------------------------------------
     def ctype(self, t: str) -> str:

@@ -18,7 +18,12 @@ _ISL_ITER = re.compile(r"_c\d+$")
 
 def c_name(name: str) -> str:
     """A C identifier for a TC name (TC allows leading digits and C keywords); names the
-    generated code uses itself (``tc_...``, isl's ``_c0``) are suffixed."""
+    generated code uses itself (``tc_...``, isl's ``_c0``) are suffixed.
+
+    Example:
+        >>> c_name("2LUT"), c_name("while")
+        ('_2LUT', 'while_')
+    """
     if name in _C_RESERVED or _ISL_ITER.match(name) or name.startswith("tc_"):
         return name + "_"
     if name[0].isdigit():

@@ -57,7 +57,12 @@ PARALLEL_MIN_WORK = 1 << 25
 @functools.lru_cache(maxsize=1)
 def machine_vector_bytes() -> int:
     """The widest SIMD registers of this CPU (what ``-march=native`` compiles for): 64 with
-    AVX-512, 32 with AVX, else 16."""
+    AVX-512, 32 with AVX, else 16.
+
+    Example:
+        >>> machine_vector_bytes() in (16, 32, 64)
+        True
+    """
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f
@@ -71,7 +76,23 @@ def machine_vector_bytes() -> int:
 
 @dataclasses.dataclass
 class Match:
-    """A contraction nest of the AST, with everything :func:`emit` needs."""
+    """A contraction nest of the AST, with everything :func:`emit` needs.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel, annotate_cpu, build_ast
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> from tfx_vec.tc_ops.codegen.c import CPrinter
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (48, 32)}))
+        >>> ast = build_ast(k, annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k))
+        >>> m = match(CPrinter(k, MappingOptions()), ast.mark_get_node(), ast.mark_get_id().get_name())
+        >>> m.var1, m.var2, m.packed, [str(f.name) for f in m.split.col]
+        ('m', 'n', True, ['B'])
+    """
 
     chain: list           # i1, middle loops..., i2 (isl for-nodes)
     reds: list            # reduction loops, outermost first
@@ -134,7 +155,22 @@ def _user_stmt(printer, node: isl.AstNode) -> tuple[PolyStmt, list[str]]:
 
 
 def match(printer, node: isl.AstNode, mark: str | None) -> Match | None:
-    """The contraction whose row loop is ``node``, or None (see module docstring)."""
+    """The contraction whose row loop is ``node``, or None (see module docstring).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel, annotate_cpu, build_ast
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> from tfx_vec.tc_ops.codegen.c import CPrinter
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def add(float(M,N) A, float(M,N) B) -> (C) "
+        ...                   "{ C(m,n) = A(m,n) + B(m,n) }")["add"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (8, 8), "B": (8, 8)}))
+        >>> ast = build_ast(k, annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k))
+        >>> match(CPrinter(k), ast.mark_get_node(), ast.mark_get_id().get_name()) is None
+        True
+    """
     o = printer.options
     if mark not in (MARK_OMP, MARK_SIMD) or not (o.vectorize and o.block):
         return None
@@ -230,7 +266,22 @@ class Shape:
 
 
 def work(m: Match) -> int:
-    """Multiply-adds of the matched nest (its loops' trip counts multiplied)."""
+    """Multiply-adds of the matched nest (its loops' trip counts multiplied).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel, annotate_cpu, build_ast
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> from tfx_vec.tc_ops.codegen.c import CPrinter
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (48, 32)}))
+        >>> ast = build_ast(k, annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k))
+        >>> work(match(CPrinter(k, MappingOptions()), ast.mark_get_node(), ast.mark_get_id().get_name()))
+        98304
+    """
     n = 1
     for node in m.chain + m.reds:
         lo, last = _const_bounds(node)
@@ -271,7 +322,25 @@ def choose_shape(printer, m: Match) -> Shape | None:
 
 def emit(printer, m: Match, ind: int, parallel: bool) -> list[str]:
     """C for the matched nest (see module docstring); ``parallel``: run its outermost block
-    loop with OpenMP threads."""
+    loop with OpenMP threads.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel, annotate_cpu, build_ast
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> from tfx_vec.tc_ops.codegen.c import CPrinter
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (48, 32)}))
+        >>> opts = MappingOptions(register_tile=(4, 2), vector_width=32)   # 4 rows x 2 vectors of 8
+        >>> ast = build_ast(k, annotate_cpu(schedule_for(k, opts), opts, k))
+        >>> printer = CPrinter(k, opts)
+        >>> m = match(printer, ast.mark_get_node(), ast.mark_get_id().get_name())
+        >>> emit(printer, m, 1, parallel=False)[0].strip()[:60]
+        '{ /* S0: 4x16 register-blocked contraction micro-kernel, pac'
+    """
     shape = choose_shape(printer, m)
     if shape is None:
         return None

@@ -1,6 +1,6 @@
 """GPU printers: the mapped isl AST as OpenCL C (this module) and CUDA (``codegen/cuda.py``).
 
-Both are dialects of T1's :class:`~.c.CPrinter` (STYLE.md §10): they override class attributes
+Both are dialects of the CPU's :class:`~.c.CPrinter`: they override class attributes
 (address-space qualifiers, barrier, block/thread id spellings, unroll pragma, prelude) and a few
 ``emit_*`` methods.  :class:`GpuPrinter` holds what the GPU dialects share:
 
@@ -47,7 +47,20 @@ __all__ = ["GpuPrinter", "OpenCLPrinter"]
 
 
 class GpuPrinter(CPrinter):
-    """Shared machinery of the GPU dialects (abstract: subclasses fill the attributes)."""
+    """Shared machinery of the GPU dialects (abstract: subclasses fill the attributes).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> m = map_to_gpu(build_kernel(d, infer_ranges(d, {"A": (64,)})),
+        ...                MappingOptions(tile=(16,), map_to_threads=(16,)))
+        >>> issubclass(OpenCLPrinter, GpuPrinter), OpenCLPrinter(m).buffers()[0]
+        (True, ('A', 'float', True))
+    """
 
     kernel_prefix = ""
     global_space = ""            # address-space qualifier of kernel buffers
@@ -483,7 +496,22 @@ def _split_subscripts(text: str) -> list[str]:
 
 
 class OpenCLPrinter(GpuPrinter):
-    """OpenCL C 1.2 (run on PoCL in tests)."""
+    """OpenCL C 1.2 (run on PoCL in tests).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (32, 64)}))
+        >>> m = map_to_gpu(k, MappingOptions(tile=(16, 16), map_to_threads=(4, 4),
+        ...                                  use_private_memory=True))
+        >>> "4x4 register tile per thread" in OpenCLPrinter(m).source()
+        True
+    """
 
     kernel_prefix = "__kernel"
     global_space = "__global "

@@ -26,12 +26,27 @@ REDUCTION_OPS = ("+=", "*=", "min=", "max=")
 
 @dataclasses.dataclass(frozen=True)
 class IntLit:
+    """An integer literal.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> parse_expr("7").value
+        7
+    """
     value: int
     span: Span
 
 
 @dataclasses.dataclass(frozen=True)
 class FloatLit:
+    """A floating-point literal; ``text`` keeps the spelling (a trailing ``f`` makes it float).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> lit = parse_expr("1.5f")
+        >>> lit.value, lit.text
+        (1.5, '1.5f')
+    """
     value: float
     text: str          # as written, e.g. "1.5f" (a trailing f/F makes it float, else double)
     span: Span
@@ -39,13 +54,27 @@ class FloatLit:
 
 @dataclasses.dataclass(frozen=True)
 class Ident:
+    """A name: an index variable, a scalar parameter, a size or a rank-0 tensor.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> parse_expr("N").name
+        'N'
+    """
     name: str
     span: Span
 
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """``name(args)``: a tensor access, a builtin call or a cast (resolved by sema)."""
+    """``name(args)``: a tensor access, a builtin call or a cast (resolved by sema).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> c = parse_expr("A(i, j + 1)")
+        >>> c.name, len(c.args)
+        ('A', 2)
+    """
 
     name: str
     args: tuple["Expr", ...]
@@ -54,6 +83,13 @@ class Call:
 
 @dataclasses.dataclass(frozen=True)
 class Unary:
+    """A prefix operator (``-``, ``!``) applied to ``operand``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> parse_expr("-x").op
+        '-'
+    """
     op: str            # "-", "!" or "+"
     operand: "Expr"
     span: Span
@@ -61,6 +97,14 @@ class Unary:
 
 @dataclasses.dataclass(frozen=True)
 class Binary:
+    """A binary operator; ``span`` is the operator's.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> e = parse_expr("a * b + c")
+        >>> e.op, e.lhs.op
+        ('+', '*')
+    """
     op: str            # + - * / % == != < <= > >= && ||
     lhs: "Expr"
     rhs: "Expr"
@@ -69,6 +113,14 @@ class Binary:
 
 @dataclasses.dataclass(frozen=True)
 class Ternary:
+    """``cond ? then : other``; the branch not taken is not evaluated (reads in it are guarded).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> e = parse_expr("i > 0 ? A(i - 1) : 0")
+        >>> e.then.name
+        'A'
+    """
     cond: "Expr"
     then: "Expr"
     other: "Expr"
@@ -77,7 +129,14 @@ class Ternary:
 
 @dataclasses.dataclass(frozen=True)
 class DimRef:
-    """``name.k``: the size of dimension ``k`` of tensor ``name``."""
+    """``name.k``: the size of dimension ``k`` of tensor ``name``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> e = parse_expr("A.1")
+        >>> e.name, e.dim
+        ('A', 1)
+    """
 
     name: str
     dim: int
@@ -85,6 +144,13 @@ class DimRef:
 
 
 Expr = Union[IntLit, FloatLit, Ident, Call, Unary, Binary, Ternary, DimRef]
+Expr.__doc__ = """Any expression node: a literal, a name, a call, an operator or a size ``A.k``.
+
+Example:
+    >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+    >>> isinstance(parse_expr("A(i) + 1"), Binary)
+    True
+"""
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
@@ -100,7 +166,13 @@ def children(e: Expr) -> tuple[Expr, ...]:
 
 
 def start_span(e: Expr) -> Span:
-    """The span of the leftmost token of ``e`` (binary nodes keep their operator's span)."""
+    """The span of the leftmost token of ``e`` (binary nodes keep their operator's span).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> start_span(parse_expr("a + b")).column
+        1
+    """
     while isinstance(e, (Binary, Ternary)):
         e = e.lhs if isinstance(e, Binary) else e.cond
     return e.span
@@ -108,7 +180,14 @@ def start_span(e: Expr) -> Span:
 
 def map_idents(e: Expr, fn: Callable[[Ident], Expr]) -> Expr:
     """``e`` with every identifier ``x`` replaced by ``fn(x)`` (a new tree; shared subtrees
-    are rebuilt, so node identities stay unique per occurrence)."""
+    are rebuilt, so node identities stay unique per occurrence).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> expr_to_tc(map_idents(parse_expr("A(i) + i"), lambda x: Ident("j", x.span)))
+        'A(j) + j'
+    """
     if isinstance(e, Ident):
         return fn(e)
     if isinstance(e, Call):
@@ -124,7 +203,15 @@ def map_idents(e: Expr, fn: Callable[[Ident], Expr]) -> Expr:
 
 
 def map_calls(e: Expr, fn: Callable[[Call], Expr]) -> Expr:
-    """``e`` with every call ``c`` (arguments rewritten first) replaced by ``fn(c)``."""
+    """``e`` with every call ``c`` (arguments rewritten first) replaced by ``fn(c)``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> expr_to_tc(map_calls(parse_expr("exp(A(i))"),
+        ...                      lambda c: Call("B", c.args, c.span) if c.name == "A" else c))
+        'exp(B(i))'
+    """
     if isinstance(e, Call):
         return fn(Call(e.name, tuple(map_calls(a, fn) for a in e.args), e.span))
     if isinstance(e, Unary):
@@ -138,7 +225,13 @@ def map_calls(e: Expr, fn: Callable[[Call], Expr]) -> Expr:
 
 
 def walk(e: Expr) -> Iterator[Expr]:
-    """Pre-order traversal of an expression."""
+    """Pre-order traversal of an expression.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> [type(n).__name__ for n in walk(parse_expr("A(i) + 1"))]
+        ['Binary', 'Call', 'Ident', 'IntLit']
+    """
     yield e
     for c in children(e):
         yield from walk(c)
@@ -146,7 +239,14 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 @dataclasses.dataclass(frozen=True)
 class RangeConstraint:
-    """``var in lo:hi`` of a where clause (half-open: lo <= var < hi)."""
+    """``var in lo:hi`` of a where clause (half-open: lo <= var < hi).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> s = parse("def f(float(N) A) -> (B) { B(i) = A(i) where i in 1:N }").defs[0].stmts[0]
+        >>> s.where[0].var
+        'i'
+    """
 
     var: str
     lo: Expr
@@ -156,6 +256,15 @@ class RangeConstraint:
 
 @dataclasses.dataclass(frozen=True)
 class Stmt:
+    """One statement ``lhs(indices) op rhs where ...`` (``op`` is ``=`` or a reduction; ``init``
+    is True for the ``!`` forms that start from the reduction's neutral element).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> s = parse("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }").defs[0].stmts[0]
+        >>> s.lhs, s.lhs_indices, s.op, s.init
+        ('B', ('n',), '+=', True)
+    """
     lhs: str
     lhs_indices: tuple[str, ...]
     lhs_index_spans: tuple[Span, ...]
@@ -182,7 +291,14 @@ class Stmt:
 
 @dataclasses.dataclass(frozen=True)
 class Param:
-    """A parameter ``type name`` or ``type(D1, D2) name``; ``dims`` is None for a scalar."""
+    """A parameter ``type name`` or ``type(D1, D2) name``; ``dims`` is None for a scalar.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> p = parse("def f(float(N, 3) A, int32 k) -> (B) { B(i) = A(i, k) }").defs[0].params
+        >>> (p[0].dtype, p[0].dims), (p[1].dtype, p[1].dims)
+        (('float', ('N', 3)), ('int32', None))
+    """
 
     dtype: str
     dims: tuple[str | int, ...] | None
@@ -197,6 +313,15 @@ class Param:
 
 @dataclasses.dataclass(frozen=True)
 class Def:
+    """One ``def name(params) -> (outputs) { statements }``; ``return_types`` holds the declared
+    type of each output (``-> (int32(M) O)``), None where the output is untyped.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> d = parse("def f(float(N) A) -> (double(N) B, C) { B(i) = A(i)  C(i) = A(i) }").defs[0]
+        >>> d.name, d.returns, d.return_types[0].dtype, d.return_types[1]
+        ('f', ('B', 'C'), 'double', None)
+    """
     name: str
     params: tuple[Param, ...]
     returns: tuple[str, ...]
@@ -215,6 +340,13 @@ class Def:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
+    """A parsed TC source: its definitions in order, and the text (for error carets).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> [d.name for d in parse("def f(float(N) A) -> (B) { B(i) = A(i) }").defs]
+        ['f']
+    """
     defs: tuple[Def, ...]
     source: str
 

@@ -56,7 +56,15 @@ def interpret(d: CheckedDef, inputs: list, scalars: dict | None = None,
     """Outputs of ``d`` on ``inputs`` (NumPy arrays / scalars in signature order).
 
     ``outputs`` gives the outputs' initial contents (default zeros): what a reduction without
-    ``!`` into a not yet written output reduces into."""
+    ``!`` into a not yet written output reduces into.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["f"]
+        >>> interpret(d, [np.ones((2, 3), np.float32)])
+        (array([3., 3.], dtype=float32),)
+    """
     args = {p.name: (np.asarray(x, np_dtype(p.dtype)) if p.is_scalar else np.asarray(x))
             for p, x in zip(d.inputs, inputs)}
     shapes = {p.name: args[p.name].shape for p in d.inputs if not p.is_scalar}

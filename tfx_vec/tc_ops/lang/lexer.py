@@ -16,6 +16,13 @@ __all__ = ["Token", "tokenize", "TOKEN_NAMES"]
 
 @dataclasses.dataclass(frozen=True)
 class Token:
+    """One token: its kind (``"ID"``, a literal kind or the operator itself), its text and
+    where it starts (1-based line and column).
+
+    Example:
+        >>> tokenize("A(i)")[0]
+        Token(kind='ID', text='A', line=1, column=1)
+    """
     kind: str      # "ID", "INT", "FLOAT", "EOF", or the punctuation/operator text itself
     text: str
     line: int
@@ -43,6 +50,10 @@ def tokenize(source: str) -> list[Token]:
 
     Raises:
         TcSyntaxError: on a character that starts no token.
+
+    Example:
+        >>> [t.text for t in tokenize("B(i) +=! A(i, k)  # sum")][:4]
+        ['B', '(', 'i', ')']
     """
     if not isinstance(source, str):
         raise TcSyntaxError(f"TC source must be a str, got {type(source).__name__}")

@@ -35,6 +35,11 @@ def parse(source: str) -> A.Program:
 
     Raises:
         TcSyntaxError: with line, column, caret and the expected tokens.
+
+    Example:
+        >>> prog = parse("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+        >>> [p.name for p in prog.defs[0].params]
+        ['A', 'B']
     """
     return _Parser(source).program()
 

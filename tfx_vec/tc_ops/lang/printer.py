@@ -59,14 +59,27 @@ def expr_to_tc(e: A.Expr, parent: int = 0, *, rename: Callable[[str], str] | Non
 
 
 def param_to_tc(p: A.Param) -> str:
-    """``float(M,K) A`` / ``int32 n``."""
+    """``float(M,K) A`` / ``int32 n``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> param_to_tc(parse("def f(float(M, 4) A) -> (B) { B(i) = A(i, 0) }").defs[0].params[0])
+        'float(M,4) A'
+    """
     if p.is_scalar:
         return f"{p.dtype} {p.name}"
     return f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
 
 
 def stmt_to_tc(s: A.Stmt) -> str:
-    """One statement as TC text (``where`` ranges and ``exists`` clauses included)."""
+    """One statement as TC text (``where`` ranges and ``exists`` clauses included).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> s = parse("def f(float(N) A) -> (B) { B(i) = A(i - 1) where i in 1:N }").defs[0].stmts[0]
+        >>> stmt_to_tc(s)
+        'B(i) = A(i - 1) where i in 1:N'
+    """
     lhs = f"{s.lhs}({','.join(s.lhs_indices)})" if s.lhs_indices else s.lhs
     where = [f"{w.var} in {expr_to_tc(w.lo)}:{expr_to_tc(w.hi)}" for w in s.where]
     where += [f"exists {expr_to_tc(e)}" for e in s.exists]

@@ -43,7 +43,15 @@ Interval = tuple  # (lo, hi) inclusive integers
 class Ranges:
     """Concrete sizes: size parameters, every tensor's shape, each statement's index ranges
     (``{var: (lo, hi)}``, half-open), and the accesses whose data-dependent subscripts must be
-    clamped in generated code because their index values are not known before the kernel runs."""
+    clamped in generated code because their index values are not known before the kernel runs.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def f(float(N) A) -> (B) { B(i) = A(i + 5) where i in -5:0 }")["f"]
+        >>> r = infer_ranges(d, {"A": (5,)})
+        >>> r.shapes["B"], r.stmt_ranges[0], r.origin("B")
+        ((5,), {'i': (-5, 0)}, (-5,))
+    """
 
     sizes: dict
     shapes: dict
@@ -92,7 +100,13 @@ def bind_sizes(d: CheckedDef, shapes: Mapping[str, tuple]) -> dict:
 def interval(e: A.Expr, env: Mapping[str, Interval], shapes: Mapping[str, tuple],
              values: Mapping[str, Interval] | None = None) -> Interval | None:
     """Integer interval of ``e`` given intervals of names; None if unknown (e.g. a read of a
-    tensor whose value range is not in ``values``, or a non-integer operation)."""
+    tensor whose value range is not in ``values``, or a non-integer operation).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> interval(parse_expr("i + 2*j"), {"i": (0, 3), "j": (1, 2)}, {})
+        (2, 7)
+    """
     rec = lambda x: interval(x, env, shapes, values)  # noqa: E731
     if isinstance(e, A.IntLit):
         return (e.value, e.value)
@@ -178,6 +192,13 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
     Raises:
         TcShapeError: inputs disagree with the signature.
         TcRangeError: an index gets an empty range, or an access may leave its tensor.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+        >>> r = infer_ranges(d["mm"], {"A": (2, 3), "B": (3, 4)})
+        >>> r.sizes, r.shapes["C"]
+        ({'M': 2, 'K': 3, 'N': 4}, (2, 4))
     """
     sizes = bind_sizes(d, shapes)
     scalars = dict(scalars or {})
@@ -282,7 +303,15 @@ def refine(env: Mapping[str, Interval], guard: tuple, shapes: Mapping[str, tuple
            ) -> dict | None:
     """``env`` narrowed to the points where every ``(condition, holds)`` of ``guard`` can hold
     (sound: only affine comparisons narrow, anything else leaves the intervals as they are);
-    None when some index is left with no value (the guarded code never runs)."""
+    None when some index is left with no value (the guarded code never runs).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> refine({"i": (0, 9)}, ((parse_expr("i - 1 >= 0"), True),), {})
+        {'i': (1, 9)}
+        >>> refine({"i": (0, 9)}, ((parse_expr("i > 20"), True),), {}) is None
+        True
+    """
     env = dict(env)
     todo = list(guard)
     while todo:
@@ -459,6 +488,17 @@ def check_values(d: CheckedDef, ranges: Ranges, values: Mapping[str, Interval]) 
 
     Raises:
         TcRangeError: an index value would read outside its tensor.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def g(float(E) T, int32(N) I) -> (O) { O(n) = T(I(n)) }")["g"]
+        >>> r = infer_ranges(d, {"T": (5,), "I": (3,)})
+        >>> check_values(d, r, {"I": (0, 4)})      # every index value inside T: fine
+        >>> check_values(d, r, {"I": (0, 5)})
+        Traceback (most recent call last):
+        ...
+        tfx_vec.tc_ops.errors.TcRangeError: line 1, column 49: in def g: subscript I(n) of T ranges over [0, 5] but dimension 0 of T has size 5
+        ...
     """
     for c, env in ranges.value_checks:
         _check_subscript(d, c, env, ranges.shapes, ranges.origins, values)

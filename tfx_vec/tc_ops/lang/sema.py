@@ -45,7 +45,13 @@ BUILTINS: dict[str, tuple[int, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of the TC: an input (``dims`` from the signature), an output or a temporary."""
+    """A tensor of the TC: an input (``dims`` from the signature), an output or a temporary.
+
+    Example:
+        >>> d = check_program("def f(float(N) A) -> (B) { B(i) = A(i) }")["f"]
+        >>> d.tensors["A"].kind, d.tensors["B"].kind, d.tensors["B"].dtype
+        ('input', 'output', 'float')
+    """
 
     name: str
     dtype: str
@@ -63,6 +69,12 @@ class Constraint:
     ``guard`` lists the conditions under which the access is evaluated, as ``(condition,
     holds)`` pairs (``c ? A(i) : ...`` reads ``A(i)`` only where ``c`` holds, ``c && A(i)``
     likewise): its bounds check only covers the points where every condition allows the read.
+
+    Example:
+        >>> d = check_program("def f(float(N) A) -> (B) { B(i) = A(i + 1) }")["f"]
+        >>> c = d.stmts[0].checks[0]
+        >>> c.tensor, c.dim
+        ('A', 0)
     """
 
     tensor: str
@@ -74,6 +86,14 @@ class Constraint:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedStmt:
+    """One checked statement: its output (``lhs_vars``) and reduction (``red_vars``) index variables,
+    element type, reads, and the order in which range inference bounds its variables.
+
+    Example:
+        >>> s = check_program("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["f"].stmts[0]
+        >>> s.lhs_vars, s.red_vars, s.dtype
+        (('n',), ('k',), 'float')
+    """
     index: int
     stmt: A.Stmt
     lhs_vars: tuple[str, ...]
@@ -96,7 +116,13 @@ class CheckedStmt:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedDef:
-    """A type-checked TC definition ready for range inference and lowering."""
+    """A type-checked TC definition ready for range inference and lowering.
+
+    Example:
+        >>> d = check_program("def f(float(N) A, int32 k) -> (B) { B(i) = A(i) * k }")["f"]
+        >>> d.name, d.sizes, [p.name for p in d.inputs], d.outputs
+        ('f', ('N',), ['A', 'k'], ('B',))
+    """
 
     ast: A.Def
     source: str
@@ -152,6 +178,11 @@ def check_program(source: str) -> dict[str, "CheckedDef"]:
 
     Raises:
         TcError: a syntax, name, type or semantic error (a def defined twice included).
+
+    Example:
+        >>> list(check_program("def f(float(N) A) -> (B) { B(i) = A(i) }  "
+        ...                    "def g(float(N) A) -> (B) { B(i) = -A(i) }"))
+        ['f', 'g']
     """
     prog = parse(source)
     out: dict[str, CheckedDef] = {}
@@ -165,7 +196,15 @@ def check_program(source: str) -> dict[str, "CheckedDef"]:
 def guards(e: A.Expr, under: tuple = ()) -> dict[int, tuple]:
     """id(read) -> the conditions guarding it in ``e``: ``(condition, holds)`` pairs from the
     enclosing ``?:`` branches and the right operands of ``&&`` / ``||`` (evaluated only when the
-    left one is true / false, as in C)."""
+    left one is true / false, as in C).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> [(expr_to_tc(c), holds) for g in guards(parse_expr("i > 0 ? A(i - 1) : 0")).values()
+        ...  for c, holds in g]
+        [('i > 0', True)]
+    """
     out: dict[int, tuple] = {}
     if isinstance(e, A.Call):
         out[id(e)] = under
@@ -183,7 +222,14 @@ def guards(e: A.Expr, under: tuple = ()) -> dict[int, tuple]:
 
 
 def check(d: A.Def, source: str = "") -> CheckedDef:
-    """Check one definition; errors carry ``source`` for their caret."""
+    """Check one definition; errors carry ``source`` for their caret.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> src = "def f(float(N) A) -> (B) { B(i) = A(i) + 1 }"
+        >>> check(parse(src).defs[0], src).stmts[0].dtype
+        'float'
+    """
     try:
         return _Checker(d, source).run()
     except TcError as e:
@@ -199,6 +245,13 @@ def linear_in(e: A.Expr, v: str, params: frozenset = frozenset()
 
     ``coef`` may only use literals and ``params`` (sizes, scalars); ``coef`` and ``rest`` are AST
     expressions (``IntLit(0)`` when absent).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> coef, rest = linear_in(parse_expr("2*i + j"), "i")
+        >>> expr_to_tc(rest)
+        '0 * 2 + j'
     """
     sp = getattr(e, "span", Span(0, 0))
     zero, one = A.IntLit(0, sp), A.IntLit(1, sp)

@@ -34,7 +34,14 @@ __all__ = ["Split", "factors", "classify", "contiguous", "has_contraction"]
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """A contraction's right side split into row and column factors (see module docstring)."""
+    """A contraction's right side split into row and column factors (see module docstring).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def mv(float(M,K) A, float(K) x) -> (y) { y(m) +=! A(m,k) * x(k) }")
+        >>> classify(d["mv"], d["mv"].stmts[0], "m", "k") is None   # k is reduced, not a column
+        True
+    """
 
     row: tuple[A.Expr, ...]
     col: tuple[A.Expr, ...]
@@ -43,7 +50,14 @@ class Split:
 
 
 def factors(e: A.Expr) -> list[A.Expr]:
-    """The operands of a tree of ``*`` (``a * (b * c)`` -> ``[a, b, c]``)."""
+    """The operands of a tree of ``*`` (``a * (b * c)`` -> ``[a, b, c]``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> [expr_to_tc(f) for f in factors(parse_expr("a * (b * c)"))]
+        ['a', 'b', 'c']
+    """
     if isinstance(e, A.Binary) and e.op == "*":
         return factors(e.lhs) + factors(e.rhs)
     return [e]
@@ -55,7 +69,16 @@ def _uses(e: A.Expr, var: str) -> bool:
 
 def contiguous(cdef: CheckedDef, e: A.Expr, var2: str, dtype: str) -> bool:
     """Is ``e`` a read of a ``dtype`` tensor whose last subscript is ``var2 + <no var2>`` and
-    whose other subscripts do not use ``var2``?"""
+    whose other subscripts do not use ``var2``?
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> contiguous(d, parse_expr("B(k, n)"), "n", "float"), contiguous(d, parse_expr("B(n, k)"), "n", "float")
+        (True, False)
+    """
     if not (isinstance(e, A.Call) and e.name in cdef.tensors and e.args):
         return False
     if cdef.tensors[e.name].dtype != dtype or any(_uses(a, var2) for a in e.args[:-1]):
@@ -92,7 +115,16 @@ def classify(cdef: CheckedDef, cs: CheckedStmt, var1: str, var2: str,
     """The row/column split of statement ``cs`` with rows along ``var1`` and columns along
     ``var2`` (two of its left-hand indices), or None when it is not such a contraction.
     ``vectors``: the columns are vector lanes, so they must be read contiguously or packed
-    (GPU register tiles, scalar per thread, do not need that)."""
+    (GPU register tiles, scalar per thread, do not need that).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> s = classify(d, d.stmts[0], "m", "n")
+        >>> s.direct, s.packable      # B(k, n) is contiguous along the columns n
+        (True, True)
+    """
     s = cs.stmt
     if s.op != "+=" or cs.dtype not in ("float", "double") or var1 == var2:
         return None
@@ -117,7 +149,16 @@ def classify(cdef: CheckedDef, cs: CheckedStmt, var1: str, var2: str,
 
 def has_contraction(cdef: CheckedDef) -> bool:
     """Does some statement of ``cdef`` split as a contraction along some pair of its indices?
-    (The CPU schedule then leaves its band untiled for the micro-kernel, which blocks it.)"""
+    (The CPU schedule then leaves its band untiled for the micro-kernel, which blocks it.)
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> defs = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                      "{ C(m,n) +=! A(m,k) * B(k,n) } "
+        ...                      "def relu(float(N) A) -> (B) { B(i) = fmax(A(i), 0) }")
+        >>> has_contraction(defs["mm"]), has_contraction(defs["relu"])
+        (True, False)
+    """
     for cs in cdef.stmts:
         lhs = cs.lhs_vars
         if any(classify(cdef, cs, a, b) for a in lhs for b in lhs if a != b):

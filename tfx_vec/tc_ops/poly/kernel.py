@@ -51,7 +51,16 @@ MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
 @dataclasses.dataclass(frozen=True)
 class PolyStmt:
     """One isl statement: ``kind`` is "init" (write the neutral element), "assign" (``=``)
-    or "update" (a reduction step ``lhs = lhs op rhs``)."""
+    or "update" (a reduction step ``lhs = lhs op rhs``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def rs(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["rs"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3)}))
+        >>> [(s.name, s.kind, s.vars) for s in k.stmts]
+        [('S0_init', 'init', ('n',)), ('S0', 'update', ('n', 'k'))]
+    """
 
     name: str
     kind: str
@@ -62,6 +71,17 @@ class PolyStmt:
 
 @dataclasses.dataclass
 class PolyKernel:
+    """A TC definition lowered to isl at concrete sizes: statement domains, read and write access
+    relations, the original (source-order) schedule and the dependences between instances.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def rs(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["rs"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3)}))
+        >>> print(k.domain)
+        { S0_init[n] : 0 <= n <= 3; S0[n, k] : 0 <= n <= 3 and 0 <= k <= 2 }
+    """
     cdef: CheckedDef
     ranges: Ranges
     ctx: isl.Context
@@ -100,14 +120,25 @@ _ISL_KEYWORDS = {"and", "or", "not", "mod", "min", "max", "floor", "ceil", "exis
 
 
 def isl_name(name: str) -> str:
-    """The isl identifier of a TC tensor or index name (TC allows "2LUT", "mod", ...)."""
+    """The isl identifier of a TC tensor or index name (TC allows "2LUT", "mod", ...).
+
+    Example:
+        >>> isl_name("A"), isl_name("2LUT"), isl_name("mod")
+        ('A', '__tc_2LUT', '__tc_mod')
+    """
     if name[0].isdigit() or name in _ISL_KEYWORDS or name.startswith("__tc_"):
         return "__tc_" + name
     return name
 
 
 def affine_to_isl(e: A.Expr, consts: dict) -> str | None:
-    """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None."""
+    """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> affine_to_isl(parse_expr("i + N - 1"), {"N": 4}), affine_to_isl(parse_expr("I(i)"), {})
+        ('((i + 4) - 1)', None)
+    """
     if isinstance(e, A.IntLit):
         return str(e.value)
     if isinstance(e, A.Ident):
@@ -134,7 +165,15 @@ def _box(names, ranges) -> str:
 
 
 def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
-    """Lower ``cdef`` at the sizes of ``ranges`` to isl objects (see module docstring)."""
+    """Lower ``cdef`` at the sizes of ``ranges`` to isl objects (see module docstring).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def sh(float(N) A) -> (B) { B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
+        >>> print(build_kernel(d, infer_ranges(d, {"A": (5,)})).reads)
+        { S0[i] -> A[1 + i] : 0 <= i <= 3 }
+    """
     ctx = isl.Context()
     consts = dict(ranges.sizes)
     stmts: list[PolyStmt] = []
@@ -312,6 +351,19 @@ def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
     The first coincident loop of an outermost band gets the ``omp`` mark when
     ``options.parallel`` is set (only if no sequential loop is outside it), other coincident
     loops ``simd``, dependence-carrying loops ``seq``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def add(float(M,N) A, float(M,N) B) -> (C) "
+        ...                   "{ C(m,n) = A(m,n) + B(m,n) }")["add"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 8), "B": (4, 8)}))
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> s = annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k)
+        >>> code = build_ast(k, s).to_C_str()
+        >>> code.split()[:2]          # the outer loop is marked for OpenMP, the inner for simd
+        ['//', 'omp']
     """
     micro = kernel is not None and options.vectorize and options.block and \
         has_contraction(kernel.cdef)
@@ -340,7 +392,17 @@ def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
 
 
 def build_ast(kernel: PolyKernel, schedule: isl.Schedule) -> isl.AstNode:
-    """isl's AST for ``schedule``; loop iterators are named ``_c0``, ``_c1``, ..."""
+    """isl's AST for ``schedule``; loop iterators are named ``_c0``, ``_c1``, ...
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (3,)}))
+        >>> print(build_ast(k, k.identity_schedule()).to_C_str().strip())
+        for (int _c1 = 0; _c1 <= 2; _c1 += 1)
+          S0(_c1);
+    """
     ctx = kernel.ctx
     build = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }"))
     its = isl.IdList.alloc(ctx, 0)
