@@ -337,8 +337,12 @@ class Entry:
 
     def _tensors(self, inputs: Sequence[Any]) -> list[tf.Tensor]:
         self._check_count(inputs)
-        return [tf.convert_to_tensor(x, dtype=_tf_dtype(p.dtype))
-                for p, x in zip(self._params, inputs)]
+        out = []
+        for p, x in zip(self._params, inputs):
+            want = _tf_dtype(p.dtype)
+            out.append(x if isinstance(x, tf.Tensor) and x.dtype == want
+                       else tf.convert_to_tensor(x, dtype=want))
+        return out
 
     def _call_with_initial_outputs(self, inputs: Sequence[Any], options: MappingOptions | None,
                                    outputs: Sequence[Any] | None) -> tuple:

@@ -171,12 +171,29 @@ class MappingOptions:
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        """The fields as JSON data (tuples as lists).
+
+        Example:
+            >>> MappingOptions(tile=(8, 4)).to_dict()["tile"]
+            [8, 4]
+        """
+        return {f.name: list(v) if isinstance(v, tuple) else v
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     def to_json(self) -> str:
-        """A canonical JSON string (sorted keys): equal options give equal strings."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """A canonical JSON string (sorted keys): equal options give equal strings.
+
+        Computed once per options object (the TF op passes it on every call).
+
+        Example:
+            >>> MappingOptions(tile=(8,)).to_json() == MappingOptions(tile=(8,)).to_json()
+            True
+        """
+        text = self.__dict__.get("_json")
+        if text is None:
+            text = json.dumps(self.to_dict(), sort_keys=True)
+            object.__setattr__(self, "_json", text)     # frozen: a cache, not a field
+        return text
 
     @classmethod
     def from_dict(cls, d: dict) -> "MappingOptions":
