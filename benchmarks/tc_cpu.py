@@ -98,7 +98,7 @@ def matmul_peak(quick: bool) -> float:
     n = 512 if quick else 2048
     a = tf.constant(np.ones((n, n), np.float32))
     f = tf.function(lambda x: tf.matmul(x, x))
-    t = time_fn(lambda: f(a), repeats=3 if quick else 7, warmup=1)
+    t = time_fn(lambda: f(a), repeats=3 if quick else 11, warmup=1)
     return 2.0 * n ** 3 / t.min / 1e9
 
 
@@ -107,10 +107,7 @@ def run(quick: bool = False) -> Report:
     mod = tc.define(TCS)
     peak = matmul_peak(quick)
     rep = Report("tc_cpu", unit="ms", ours="tc_cpu")
-    notes = [f"machine matmul peak (tf.matmul {512 if quick else 2048}^3, tf.function): "
-             f"{peak:.1f} GFLOP/s", "",
-             "| case | tc_cpu GFLOP/s | fraction of peak | tf_function GFLOP/s |",
-             "|---|---|---|---|"]
+    rows = []
     rounds = 5 if quick else 25      # a shared 2-core machine: medians need many rounds
     for name, entry, tc_args, tf_fn, tf_args, flops, layout in _cases(quick, rng):
         e = mod[entry]
@@ -129,6 +126,13 @@ def run(quick: bool = False) -> Report:
             rounds=rounds, warmup=2)
         gflops = flops / t["tc_cpu"].median / 1e9
         tf_gflops = flops / t["tf_function"].median / 1e9
-        notes.append(f"| {name} | {gflops:.1f} | {gflops / peak:.1%} | {tf_gflops:.1f} |")
+        rows.append((name, gflops, tf_gflops))
+    # the peak again after the cases: other jobs on a shared machine move it; the best counts
+    peak = max(peak, matmul_peak(quick))
+    notes = [f"machine matmul peak (tf.matmul {512 if quick else 2048}^3, tf.function, best "
+             f"sample before and after the cases): {peak:.1f} GFLOP/s", "",
+             "| case | tc_cpu GFLOP/s | fraction of peak | tf_function GFLOP/s |",
+             "|---|---|---|---|"]
+    notes += [f"| {name} | {g:.1f} | {g / peak:.1%} | {tg:.1f} |" for name, g, tg in rows]
     rep.notes = "\n".join(notes)
     return rep

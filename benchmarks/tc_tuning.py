@@ -89,5 +89,6 @@ def run(quick: bool = False) -> Report:
     _op_overhead(report, quick)
     report.notes = "\n".join(notes) + (
         "\nOp overhead rows compare a tc.define entry on tf tensors (the TcKernel op: a TC "
-        "compiled to C and called by the generic TF op) with tf.matmul on the same 8x8 product; times per call.")
+        "compiled to C and called by the generic TF op) with tf.matmul on the same 8x8 product; "
+        "times per call.")
     return report

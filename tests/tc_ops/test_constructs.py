@@ -116,6 +116,27 @@ def test_guarded_reads_are_checked_only_where_the_guard_holds():
                   "where i in 0:N }").w(np.ones(4, np.float32))
 
 
+@pytest.mark.parametrize("guard, safe", [
+    ("i != N", True), ("!(i == N)", True), ("2 * i != 2 * N", True),
+    ("!(i == 0 || i == N + 1)", True),
+    ("i != 2", False),          # excludes an inner point only: i = N still reads X(N)
+    ("i != N - 1", False),
+])
+def test_a_disequality_guard_protects_only_the_end_it_excludes(guard, safe):
+    # Regression: a failed == guard (i != c) was taken as i <= c, accepting reads past the end.
+    hi = "N+2" if "N + 1" in guard else "N+1"
+    read = "X(i - 1)" if "N + 1" in guard else "X(i)"
+    entry = tc.define(f"def g(float(N) X) -> (D) {{ D(i) = ({guard}) ? {read} : 0 "
+                      f"where i in 0:{hi} }}").g
+    X = np.arange(1, 6, dtype=np.float32)
+    if not safe:
+        with pytest.raises(tc.TcRangeError, match="dimension 0 of X has size 5"):
+            entry(X)
+        return
+    want = np.concatenate([[0], X, [0]]) if "N + 1" in guard else np.append(X, 0)
+    np.testing.assert_array_equal(entry(X).numpy(), want)
+
+
 def test_bindings_exists_and_zero_d_reads_need_what_they_name():
     with pytest.raises(tc.TcNameError, match="where-clause constrains 'foo', which the "
                                              "statement does not use"):

@@ -52,8 +52,8 @@ from .lang.ranges import Ranges, check_values
 from .lang.sema import CheckedDef, check_program
 from .lang.types import np_dtype
 from .options import MappingOptions
-from .pipeline import (INIT_PREFIX, compile_def, generate_source, infer,  # noqa: F401
-                       initial_outputs_tc, output_specs)
+from .pipeline import (INIT_PREFIX, compile_def, generate_source, host_arrays,  # noqa: F401
+                       host_view, infer, initial_outputs_tc, output_specs)
 from .tf_op import TcFunction
 
 __all__ = ["define", "Module", "Entry", "generate_source", "compile_def"]
@@ -132,17 +132,6 @@ class Module:
         return tuple(self._entries)
 
 
-def _host_view(t: Any) -> np.ndarray:
-    """A NumPy view of an eager CPU tensor's buffer (``.numpy()`` would copy it)."""
-    view = getattr(t, "_numpy", None)     # EagerTensor: shares memory; kernels only read inputs
-    if view is not None:
-        try:
-            return view()
-        except Exception:  # noqa: BLE001 - e.g. a non-CPU tensor: fall back to the copy
-            pass
-    return t.numpy()
-
-
 class Entry:
     """One TC def, callable on tensors: ``entry(*inputs, options=None, outputs=None)``.
 
@@ -178,30 +167,7 @@ class Entry:
 
     # -- inputs ----------------------------------------------------------------------------
     def _convert(self, args: Sequence[Any]) -> list[np.ndarray]:
-        self._check_count(args)
-        out = []
-        for p, x in zip(self._params, args):
-            want = np_dtype(p.dtype)
-            if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-                x = _host_view(x)
-            if p.is_scalar:
-                arr = np.asarray(x)
-                if arr.ndim != 0:
-                    raise TcShapeError(f"{self.name}: scalar argument {p.name} got an array of "
-                                       f"shape {arr.shape}")
-                try:
-                    out.append(np.array(arr, dtype=want))
-                except (TypeError, ValueError) as e:
-                    raise TcShapeError(f"{self.name}: scalar argument {p.name} is declared "
-                                       f"{p.dtype}, got {x!r}") from e
-                continue
-            arr = np.asarray(x)
-            if arr.dtype != want:
-                raise TcShapeError(f"{self.name}: input {p.name} is declared {p.dtype} "
-                                   f"({want}) but got dtype {arr.dtype}")
-            # (np.ascontiguousarray would turn a 0-d array into shape (1,))
-            out.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
-        return out
+        return host_arrays(self.cdef, args)
 
     def _check_count(self, args: Sequence[Any]) -> None:
         if len(args) != len(self._params):
@@ -268,7 +234,7 @@ class Entry:
                                        "writable and C-contiguous (it is written in place)")
                 bufs.append(x)
             else:
-                bufs.append(np.array(_host_view(tf.convert_to_tensor(x)), dtype, copy=True))
+                bufs.append(np.array(host_view(tf.convert_to_tensor(x)), dtype, copy=True))
         return bufs
 
     def _given_outputs(self, outputs: Sequence[Any] | None, specs: list) -> list:

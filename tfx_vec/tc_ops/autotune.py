@@ -40,7 +40,7 @@ from .errors import TcError
 from .lang.printer import def_to_tc
 from .lang.types import np_dtype
 from .options import FUSION_STRATEGIES, MappingOptions
-from .pipeline import compile_def, infer, output_specs
+from .pipeline import compile_def, host_arrays, infer, output_specs
 
 __all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
            "options_to_genes", "autotune", "cached_options", "cache_key_for", "EntryTarget",
@@ -503,7 +503,8 @@ def cached_options(entry: Any, *inputs: Any, cache: Any) -> MappingOptions | Non
         >>> cached_options(mod.neg, x, cache="empty.json") is None      # a miss
         True
         >>> cache = tc.CompilationCache("opts.json")
-        >>> cache.record(cache_key_for(mod.neg, [x], cache), MappingOptions(unroll=4).to_dict(), 1e-6)
+        >>> key = cache_key_for(mod.neg, [x], cache)
+        >>> cache.record(key, MappingOptions(unroll=4).to_dict(), 1e-6)
         >>> cached_options(mod.neg, x, cache=cache).unroll
         4
     """
@@ -547,7 +548,7 @@ def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8
         >>> tuned.add(x, x).numpy()[:3]
         array([2., 2., 2.], dtype=float32)
     """
-    arrays = entry._convert(inputs)
+    arrays = host_arrays(entry.cdef, inputs)
     target = EntryTarget(entry, arrays)
     reference = list(entry.run_numpy(*arrays, options=MappingOptions.naive()))
     space = search_space(entry.backend, target.extents())

@@ -35,7 +35,7 @@ from .lang.types import np_dtype
 from .options import MappingOptions
 
 __all__ = ["infer", "compile_def", "output_specs", "generate_source", "tensor_shapes",
-           "initial_outputs_tc", "INIT_PREFIX"]
+           "host_arrays", "host_view", "initial_outputs_tc", "INIT_PREFIX"]
 
 #: Extra inputs of :func:`initial_outputs_tc` are named ``INIT_PREFIX + output``.
 INIT_PREFIX = "tc__init_"
@@ -47,7 +47,8 @@ def infer(cdef: CheckedDef, shapes: Mapping[str, tuple], scalars: Mapping[str, i
 
     Example:
         >>> from tfx_vec.tc_ops.lang.sema import check_program
-        >>> cdef = check_program("def sh(float(N) A) -> (B) { B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
+        >>> cdef = check_program("def sh(float(N) A) -> (B) "
+        ...                      "{ B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
         >>> r = infer(cdef, {"A": (5,)})
         >>> r.shapes["B"], r.stmt_ranges[0]
         ((4,), {'i': (0, 4)})
@@ -103,6 +104,67 @@ def tensor_shapes(cdef: CheckedDef, input_shapes: Sequence[Sequence[int]]) -> di
     return {p.name: tuple(int(x) for x in s) for p, s in zip(params, input_shapes)}
 
 
+def host_view(t: Any) -> np.ndarray:
+    """A NumPy view of an eager CPU tensor's buffer (``.numpy()`` would copy it); a copy for
+    anything else with ``.numpy()``.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> host_view(tf.constant([1.0, 2.0]))
+        array([1., 2.], dtype=float32)
+    """
+    view = getattr(t, "_numpy", None)     # EagerTensor: shares memory; kernels only read inputs
+    if view is not None:
+        try:
+            return view()
+        except Exception:  # noqa: BLE001 - e.g. a non-CPU tensor: fall back to the copy
+            pass
+    return t.numpy()
+
+
+def host_arrays(cdef: CheckedDef, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """The inputs of ``cdef`` as the kernels take them: C-contiguous NumPy arrays of the
+    declared element types (scalars as 0-d arrays), eager tensors viewed without a copy.
+
+    Raises:
+        TcShapeError: a wrong number of inputs, a tensor of another dtype, or an array where
+            the signature has a scalar.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> cdef = check_program("def f(float a, float(N) X) -> (Y) { Y(i) = a * X(i) }")["f"]
+        >>> [(x.shape, x.dtype.name) for x in host_arrays(cdef, [2, np.ones(3, np.float32)])]
+        [((), 'float32'), ((3,), 'float32')]
+    """
+    params = cdef.inputs
+    if len(inputs) != len(params):
+        raise TcShapeError(f"{cdef.name} takes {len(params)} input(s) "
+                           f"({', '.join(p.name for p in params)}), got {len(inputs)}")
+    out = []
+    for p, x in zip(params, inputs):
+        want = np_dtype(p.dtype)
+        if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+            x = host_view(x)
+        if p.is_scalar:
+            arr = np.asarray(x)
+            if arr.ndim != 0:
+                raise TcShapeError(f"{cdef.name}: scalar argument {p.name} got an array of "
+                                   f"shape {arr.shape}")
+            try:
+                out.append(np.array(arr, dtype=want))
+            except (TypeError, ValueError) as e:
+                raise TcShapeError(f"{cdef.name}: scalar argument {p.name} is declared "
+                                   f"{p.dtype}, got {x!r}") from e
+            continue
+        arr = np.asarray(x)
+        if arr.dtype != want:
+            raise TcShapeError(f"{cdef.name}: input {p.name} is declared {p.dtype} "
+                               f"({want}) but got dtype {arr.dtype}")
+        # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+        out.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
+    return out
+
+
 def generate_source(source: str, entry: str, input_shapes: Sequence[Sequence[int]],
                     backend: str = "cpu", options: MappingOptions | None = None,
                     scalars: dict | None = None) -> str:
@@ -143,7 +205,8 @@ def initial_outputs_tc(cdef: CheckedDef, ranges: Ranges) -> str:
         >>> from tfx_vec.tc_ops.lang.sema import check_program
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("ignore")      # max= without ! warns: it is meant here
-        ...     cdef = check_program("def rowmax(float(N,K) A) -> (M) { M(n) max= A(n,k) }")["rowmax"]
+        ...     src = "def rowmax(float(N,K) A) -> (M) { M(n) max= A(n,k) }"
+        ...     cdef = check_program(src)["rowmax"]
         >>> print(initial_outputs_tc(cdef, infer(cdef, {"A": (2, 3)})))
         def rowmax(float(N,K) A, float(tc__init_M_0) tc__init_M) -> (M) {
             M(tc__i0) = tc__init_M(tc__i0)

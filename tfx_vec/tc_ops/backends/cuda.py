@@ -237,10 +237,12 @@ class CudaKernel:
         >>> from tfx_vec.tc_ops.pipeline import infer
         >>> from tfx_vec.tc_ops.options import MappingOptions
         >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
-        >>> kernel = CudaBackend().compile(KernelSpec(cdef, infer(cdef, {"A": (64,)}),
-        ...                                           MappingOptions(tile=(16,), map_to_threads=(16,))))
-        >>> kernel.launches, kernel.outputs
-        ([Launch(kernel='tc_neg_k0', global_size=(64,), local_size=(16,))], [((64,), dtype('float32'))])
+        >>> opts = MappingOptions(tile=(16,), map_to_threads=(16,))
+        >>> kernel = CudaBackend().compile(KernelSpec(cdef, infer(cdef, {"A": (64,)}), opts))
+        >>> kernel.launches
+        [Launch(kernel='tc_neg_k0', global_size=(64,), local_size=(16,))]
+        >>> kernel.outputs
+        [((64,), dtype('float32'))]
     """
 
     def __init__(self, spec: Any, mapping: Any, source: str):

@@ -89,7 +89,8 @@ class Match:
         ...                   "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
         >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (48, 32)}))
         >>> ast = build_ast(k, annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k))
-        >>> m = match(CPrinter(k, MappingOptions()), ast.mark_get_node(), ast.mark_get_id().get_name())
+        >>> loop, mark = ast.mark_get_node(), ast.mark_get_id().get_name()
+        >>> m = match(CPrinter(k, MappingOptions()), loop, mark)
         >>> m.var1, m.var2, m.packed, [str(f.name) for f in m.split.col]
         ('m', 'n', True, ['B'])
     """
@@ -279,7 +280,8 @@ def work(m: Match) -> int:
         ...                   "{ C(m,n) +=! A(m,kk) * B(n,kk) }")["tmm"]
         >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (48, 32)}))
         >>> ast = build_ast(k, annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k))
-        >>> work(match(CPrinter(k, MappingOptions()), ast.mark_get_node(), ast.mark_get_id().get_name()))
+        >>> loop, mark = ast.mark_get_node(), ast.mark_get_id().get_name()
+        >>> work(match(CPrinter(k, MappingOptions()), loop, mark))
         98304
     """
     n = 1

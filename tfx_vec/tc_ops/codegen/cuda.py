@@ -34,7 +34,8 @@ class CudaPrinter(GpuPrinter):
         >>> from tfx_vec.tc_ops.options import MappingOptions
         >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
         >>> k = build_kernel(d, infer_ranges(d, {"A": (64,)}))
-        >>> "__global__" in CudaPrinter(map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))).source()
+        >>> m = map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))
+        >>> "__global__" in CudaPrinter(m).source()
         True
     """
 

@@ -17,7 +17,8 @@ from typing import Callable, Iterator, Union
 from ..errors import Span
 
 __all__ = ["Expr", "IntLit", "FloatLit", "Ident", "Call", "Unary", "Binary", "Ternary", "DimRef",
-           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "map_idents", "map_calls", "start_span",
+           "RangeConstraint", "Stmt", "Param", "Def", "Program", "walk", "map_idents", "map_calls",
+           "start_span",
            "REDUCTION_OPS"]
 
 # assignment operators: "=" plus the reductions, with or without the initialising "!"

@@ -76,7 +76,8 @@ def stmt_to_tc(s: A.Stmt) -> str:
 
     Example:
         >>> from tfx_vec.tc_ops.lang.parser import parse
-        >>> s = parse("def f(float(N) A) -> (B) { B(i) = A(i - 1) where i in 1:N }").defs[0].stmts[0]
+        >>> d = parse("def f(float(N) A) -> (B) { B(i) = A(i - 1) where i in 1:N }").defs[0]
+        >>> s = d.stmts[0]
         >>> stmt_to_tc(s)
         'B(i) = A(i - 1) where i in 1:N'
     """

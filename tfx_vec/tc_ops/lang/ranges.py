@@ -195,7 +195,8 @@ def infer_ranges(d: CheckedDef, shapes: Mapping[str, tuple],
 
     Example:
         >>> from tfx_vec.tc_ops.lang.sema import check_program
-        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")
         >>> r = infer_ranges(d["mm"], {"A": (2, 3), "B": (3, 4)})
         >>> r.sizes, r.shapes["C"]
         ({'M': 2, 'K': 3, 'N': 4}, (2, 4))
@@ -313,19 +314,7 @@ def refine(env: Mapping[str, Interval], guard: tuple, shapes: Mapping[str, tuple
         True
     """
     env = dict(env)
-    todo = list(guard)
-    while todo:
-        cond, holds = todo.pop()
-        if isinstance(cond, A.Unary) and cond.op == "!":
-            todo.append((cond.operand, not holds))
-            continue
-        if isinstance(cond, A.Binary) and cond.op in ("&&", "||"):
-            if (cond.op == "&&") == holds:       # a && b holds / a || b fails: both parts
-                todo += [(cond.lhs, holds), (cond.rhs, holds)]
-            continue
-        if not (isinstance(cond, A.Binary) and cond.op in _FLIP):
-            continue
-        op = cond.op if holds else _NEGATE[cond.op]
+    for cond, op in _comparisons(guard):
         diff = A.Binary("-", cond.lhs, cond.rhs, cond.span)       # diff op 0
         consts = frozenset(x for x in env if env[x][0] == env[x][1])
         for v in [x for x in env if env[x][0] != env[x][1]]:
@@ -340,8 +329,12 @@ def refine(env: Mapping[str, Interval], guard: tuple, shapes: Mapping[str, tuple
                 continue
             lo, hi = env[v]
             a = a[0]
+            if op == "!=":      # a*v + r != 0 with r fixed: v is not -r/a (an end falls off)
+                if r[0] == r[1] and -r[0] % a == 0:
+                    x = -r[0] // a
+                    lo, hi = lo + (x == lo), hi - (x == hi)
             # a*v + r op 0 holds for some r in [r0, r1] only if a*v op -r for the extreme r
-            for o in ((">=", "<=") if op == "==" else (op,)):
+            for o in ((">=", "<=") if op == "==" else () if op == "!=" else (op,)):
                 strict = o in (">", "<")
                 if o in (">", ">="):                 # a*v >= t
                     t = -r[1] + strict
@@ -357,8 +350,23 @@ def refine(env: Mapping[str, Interval], guard: tuple, shapes: Mapping[str, tuple
     return env
 
 
-_FLIP = {"<", "<=", ">", ">=", "=="}
-_NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!="}
+_NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+def _comparisons(guard: tuple):
+    """The comparisons a guard's ``(condition, holds)`` pairs establish, as ``(comparison,
+    operator that holds)``: through ``!``, and into both sides of an ``&&`` that holds or an
+    ``||`` that fails (any other condition establishes nothing usable: sound to skip)."""
+    todo = list(guard)
+    while todo:
+        cond, holds = todo.pop()
+        if isinstance(cond, A.Unary) and cond.op == "!":
+            todo.append((cond.operand, not holds))
+        elif isinstance(cond, A.Binary) and cond.op in ("&&", "||"):
+            if (cond.op == "&&") == holds:
+                todo += [(cond.lhs, holds), (cond.rhs, holds)]
+        elif isinstance(cond, A.Binary) and cond.op in _NEGATE:
+            yield cond, (cond.op if holds else _NEGATE[cond.op])
 
 
 def _linear_form(e: A.Expr, env: Mapping[str, Interval], shapes, atoms: dict
@@ -418,22 +426,10 @@ def _guard_bounds(expr: A.Expr, guard: tuple, env, shapes, values=None
             return interval(atoms[k], env, shapes, values)
         return env.get(k)
 
-    todo = list(guard)
-    while todo:
-        cond, holds = todo.pop()
-        if isinstance(cond, A.Unary) and cond.op == "!":
-            todo.append((cond.operand, not holds))
-            continue
-        if isinstance(cond, A.Binary) and cond.op in ("&&", "||"):
-            if (cond.op == "&&") == holds:
-                todo += [(cond.lhs, holds), (cond.rhs, holds)]
-            continue
-        if not (isinstance(cond, A.Binary) and cond.op in _FLIP):
-            continue
+    for cond, op in _comparisons(guard):
         diff = _linear_form(A.Binary("-", cond.lhs, cond.rhs, cond.span), env, shapes, atoms)
-        if diff is None or not diff[0]:
+        if diff is None or not diff[0] or op == "!=":
             continue
-        op = cond.op if holds else _NEGATE[cond.op]
         for sign in (1, -1):
             rest = dict(target[0])
             for k, v in diff[0].items():
@@ -497,7 +493,7 @@ def check_values(d: CheckedDef, ranges: Ranges, values: Mapping[str, Interval]) 
         >>> check_values(d, r, {"I": (0, 5)})
         Traceback (most recent call last):
         ...
-        tfx_vec.tc_ops.errors.TcRangeError: line 1, column 49: in def g: subscript I(n) of T ranges over [0, 5] but dimension 0 of T has size 5
+        tfx_vec.tc_ops.errors.TcRangeError: line 1, column 49: in def g: subscript I(n) of T ranges over [0, 5] ...
         ...
     """
     for c, env in ranges.value_checks:

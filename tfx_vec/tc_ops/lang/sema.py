@@ -86,8 +86,8 @@ class Constraint:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedStmt:
-    """One checked statement: its output (``lhs_vars``) and reduction (``red_vars``) index variables,
-    element type, reads, and the order in which range inference bounds its variables.
+    """One checked statement: its output (``lhs_vars``) and reduction (``red_vars``) index
+    variables, element type, reads, and the order in which range inference bounds its variables.
 
     Example:
         >>> s = check_program("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["f"].stmts[0]

@@ -76,8 +76,8 @@ def contiguous(cdef: CheckedDef, e: A.Expr, var2: str, dtype: str) -> bool:
         >>> from tfx_vec.tc_ops.lang.parser import parse_expr
         >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
         ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
-        >>> contiguous(d, parse_expr("B(k, n)"), "n", "float"), contiguous(d, parse_expr("B(n, k)"), "n", "float")
-        (True, False)
+        >>> [contiguous(d, parse_expr(e), "n", "float") for e in ("B(k, n)", "B(n, k)")]
+        [True, False]
     """
     if not (isinstance(e, A.Call) and e.name in cdef.tensors and e.args):
         return False

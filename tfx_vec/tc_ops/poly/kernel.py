@@ -170,7 +170,8 @@ def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
     Example:
         >>> from tfx_vec.tc_ops.lang.sema import check_program
         >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
-        >>> d = check_program("def sh(float(N) A) -> (B) { B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
+        >>> d = check_program("def sh(float(N) A) -> (B) "
+        ...                   "{ B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
         >>> print(build_kernel(d, infer_ranges(d, {"A": (5,)})).reads)
         { S0[i] -> A[1 + i] : 0 <= i <= 3 }
     """

@@ -338,7 +338,8 @@ def map_to_gpu(kernel: PolyKernel, options: MappingOptions,
         >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
         >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
         >>> from tfx_vec.tc_ops.options import MappingOptions
-        >>> d = check_program("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")["add"]
+        >>> d = check_program("def add(float(N) A, float(N) B) -> (C) "
+        ...                   "{ C(i) = A(i) + B(i) }")["add"]
         >>> k = build_kernel(d, infer_ranges(d, {"A": (100,), "B": (100,)}))
         >>> gk = map_to_gpu(k, MappingOptions(tile=(32,), map_to_threads=(32,))).kernels[0]
         >>> gk.grid, gk.block
