@@ -19,7 +19,9 @@ _INSTALL = [
     "islpy>=2024.1",
     "numpy>=1.26",
 ]
-_TEST = ["pytest>=7", "hypothesis>=6.80", "scipy>=1.10"]
+# DP-SGD's privacy accounting (tfx_vec.pfor.dp_sgd.compute_epsilon) uses dp-accounting.
+_DP = ["dp-accounting>=0.4"]
+_TEST = ["pytest>=7", "hypothesis>=6.80", "scipy>=1.10"] + _DP
 _BENCH = ["matplotlib>=3.7", "tqdm>=4.60"]
 
 setup(
@@ -56,6 +58,7 @@ setup(
     extras_require={
         "test": _TEST,
         "bench": _BENCH,
+        "dp": _DP,
         # pycuda only builds where a CUDA driver (libcuda) is installed; imported lazily.
         "cuda": ["pycuda>=2022.1"],
         "opencl": ["pyopencl>=2023.1"],
