@@ -1,4 +1,5 @@
-"""tfx_vec: TensorFlow plugins that make code written for one example run batched, compiled and fast."""
+"""tfx_vec: TensorFlow plugins that make code written for one example run batched, compiled
+and fast."""
 import re
 from pathlib import Path
 
@@ -27,7 +28,7 @@ _BENCH = ["matplotlib>=3.7", "tqdm>=4.60"]
 setup(
     name="tfx_vec",
     version=_VERSION,
-    description=__doc__.split(": ", 1)[1],
+    description=" ".join(__doc__.split(": ", 1)[1].split()),
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",
     # No project URL: the project has no public home yet, and a guessed one would mislead.
