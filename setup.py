@@ -5,9 +5,8 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-_VERSION = re.search(
-    r'__version__ = "([^"]+)"', Path(__file__).with_name("tfx_vec").joinpath("__init__.py").read_text()
-).group(1)
+_VERSION = re.search(r'__version__ = "([^"]+)"',
+                     (Path(__file__).parent / "tfx_vec" / "__init__.py").read_text()).group(1)
 
 # Tested set (2026-11): tensorflow 2.21.0, tensorflow-probability 0.25.0, tf-keras 2.21.0,
 # gast 0.7.0, islpy 2026.2.2, numpy 2.x, Python 3.11.  The ranges below are the ones we
