@@ -30,17 +30,20 @@ import ast
 import dataclasses
 import builtins
 import inspect
+import operator
 import textwrap
 from typing import Any, Callable
 
 import gast
 import tensorflow as tf
+from tensorflow.python.framework import override_binary_operator  # TF2's == promotion
+from tensorflow.python.ops import gen_math_ops
 
 from . import ir
 from .errors import UnsupportedSyntaxError
 
 __all__ = ["compile_program", "batched_python_function", "logical_and", "logical_or",
-           "logical_not"]
+           "logical_not", "equal", "not_equal"]
 
 _PREFIX = "_ab_"
 _REJECTED_STMTS = {
@@ -94,6 +97,34 @@ def truth(x: Any) -> Any:
     return x if x.dtype == tf.bool else tf.not_equal(x, tf.zeros_like(x))
 
 
+def _tf2_equality(a: Any, b: Any, python_op: Callable, tf_op: Callable, with_none: bool) -> Any:
+    """``python_op(a, b)``, or on tensors ``tf_op`` as TF2's ``Tensor.__eq__``/``__ne__`` does
+    it (promotion, ``with_none`` against ``None``, no error on incompatible shapes)."""
+    if not (tf.is_tensor(a) or tf.is_tensor(b)):
+        return python_op(a, b)
+    if a is None or b is None:
+        return with_none
+    if not tf.is_tensor(a):
+        a, b = b, a
+    a, b = override_binary_operator.maybe_promote_tensors(a, b)
+    return tf_op(a, b, incompatible_shape_error=False)
+
+
+def equal(a: Any, b: Any) -> Any:
+    """``a == b`` with TF2 semantics in every mode: element-wise on tensors.
+
+    In a TF1 graph (``tf.compat.v1.Graph``), ``Tensor.__eq__`` is object identity, so
+    ``n % 2 == 0`` would be the Python constant ``False`` for every member; batched functions are
+    written (and checked by :meth:`AutobatchFunction.unbatched`) with TF2's meaning.
+    """
+    return _tf2_equality(a, b, operator.eq, gen_math_ops.equal, False)
+
+
+def not_equal(a: Any, b: Any) -> Any:
+    """``a != b`` with TF2 semantics in every mode (see :func:`equal`)."""
+    return _tf2_equality(a, b, operator.ne, gen_math_ops.not_equal, True)
+
+
 def start_like(start: Any, end: Any) -> Any:
     """The first value of a ``range`` loop counter, batched like the loop's end."""
     end = tf.convert_to_tensor(end)
@@ -102,7 +133,7 @@ def start_like(start: Any, end: Any) -> Any:
 
 _HELPERS = {f"{_PREFIX}and": logical_and, f"{_PREFIX}or": logical_or,
             f"{_PREFIX}not": logical_not, f"{_PREFIX}start": start_like,
-            f"{_PREFIX}truth": truth}
+            f"{_PREFIX}truth": truth, f"{_PREFIX}eq": equal, f"{_PREFIX}ne": not_equal}
 
 # }}}
 
@@ -154,6 +185,13 @@ def _loaded(node: gast.AST, local_names: set[str]) -> list[str]:
     return list(out)
 
 
+def _comparison(left: gast.expr, op: gast.cmpop, right: gast.expr, like: gast.AST) -> gast.expr:
+    """One comparison; ``==``/``!=`` call :func:`equal`/:func:`not_equal` (TF2's meaning)."""
+    if isinstance(op, (gast.Eq, gast.NotEq)):
+        return _helper_call("eq" if isinstance(op, gast.Eq) else "ne", [left, right], like)
+    return gast.copy_location(gast.Compare(left=left, ops=[op], comparators=[right]), like)
+
+
 class _LogicRewriter(gast.NodeTransformer):
     """``and``/``or``/``not``/chained comparisons -> element-wise helpers."""
 
@@ -173,10 +211,8 @@ class _LogicRewriter(gast.NodeTransformer):
 
     def visit_Compare(self, node):
         self.generic_visit(node)
-        if len(node.ops) == 1:
-            return node
         lefts = [node.left] + node.comparators[:-1]
-        parts = [gast.copy_location(gast.Compare(left=l, ops=[o], comparators=[r]), node)
+        parts = [_comparison(l, o, r, node)
                  for l, o, r in zip(lefts, node.ops, node.comparators)]
         acc = parts[0]
         for p in parts[1:]:

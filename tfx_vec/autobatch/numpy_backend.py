@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import ir
-from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
+from .errors import AutobatchError, MaxStepsExceededError, StackOverflowError, TypeInferenceError
 from .types import infer_types, qualified_types, run_primitive, spec_of
 
 __all__ = ["run"]
@@ -50,6 +50,9 @@ def run(program: ir.Program, lower: Callable[[Mapping[str, Any]], ir.Program],
         args: Sequence[Any], *, max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
     """Run ``program`` on batched ``args``; returns NumPy arrays.  ``lower(types)`` gives its
     stack-machine form for the arguments' types (``AutobatchFunction.lowered``)."""
+    if not tf.executing_eagerly():
+        raise AutobatchError("the numpy runtime runs eagerly (it steps the machine in Python "
+                             "over NumPy arrays); use runtime='program_counter' in a graph")
     args = tuple(_np(a) for a in args)
     types = qualified_types(infer_types(program, tuple(spec_of(a) for a in args)))
     lowered = lower(types)

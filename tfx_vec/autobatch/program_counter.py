@@ -131,6 +131,35 @@ def _merge_big(big: dict, part: dict) -> dict:
             "stack": {**big["stack"], **part["stack"]}}
 
 
+def _none_free(branch: Callable[[], Any], structure: list) -> Callable[[], list]:
+    """``branch`` returning only its tensors (the structure, Nones included, kept aside)."""
+    def run():
+        out = branch()
+        structure[:] = [out]
+        return [x for x in tf.nest.flatten(out) if x is not None]
+    return run
+
+
+def _repacked(structure: Any, tensors: Sequence[tf.Tensor]) -> Any:
+    it = iter(tensors)
+    return tf.nest.pack_sequence_as(structure, [None if x is None else next(it)
+                                                for x in tf.nest.flatten(structure)])
+
+
+def _cond(pred: tf.Tensor, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    """``tf.cond`` whose branches may return ``None`` leaves (TF1's control flow cannot)."""
+    structure: list = []
+    out = tf.cond(pred, _none_free(true_fn, structure), _none_free(false_fn, structure))
+    return _repacked(structure[0], out)
+
+
+def _switch_case(index: tf.Tensor, branches: Sequence[Callable[[], Any]]) -> Any:
+    """``tf.switch_case`` whose branches may return ``None`` leaves (see :func:`_cond`)."""
+    structure: list = []
+    out = tf.switch_case(index, [_none_free(b, structure) for b in branches])
+    return _repacked(structure[0], out)
+
+
 def _pushes_pc(t: Any) -> bool:
     """Does terminator ``t`` write the program-counter stack?"""
     return isinstance(t, ir.PushJump) and t.push
@@ -430,7 +459,7 @@ class _Machine:
             loop guard is as fast (446 vs 469 ms a step).  In a TF graph a ``tf.cond``."""
             keys, part = self.writes_of(i), self.changes_of(i)
             if not xla:
-                changed, writes = tf.cond(
+                changed, writes = _cond(
                     runs(small["pc"]),
                     lambda: (lambda new, w: (part(new), w))(*uniform_block(i, small, big, keys)),
                     lambda: (part(small), self.uniform(small, _NO_WRITES, keys)))
@@ -468,7 +497,7 @@ class _Machine:
                     small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
                 return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
-            changed, writes = tf.switch_case(nxt, [
+            changed, writes = _switch_case(nxt, [
                 lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
@@ -540,9 +569,14 @@ def _graph_checks(result: Any, status: Status, opts: Mapping[str, Any], name: st
 def _signature_key(args: tuple) -> tuple:
     """A cheap hashable key for the structure, shapes and dtypes of ``args``."""
     if all(isinstance(a, tf.Tensor) for a in args):  # the common case, without tf.nest
-        return len(args), tuple((tuple(a.shape), a.dtype) for a in args)
+        return len(args), tuple((_shape_key(a.shape), a.dtype) for a in args)
     return (tf.nest.map_structure(lambda _: 0, args),
-            tuple((tuple(x.shape), x.dtype) for x in tf.nest.flatten(args)))
+            tuple((_shape_key(x.shape), x.dtype) for x in tf.nest.flatten(args)))
+
+
+def _shape_key(shape: tf.TensorShape) -> tuple | None:
+    """Hashable in TF1 mode too (where a shape's dimensions are ``Dimension`` objects)."""
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 class _Traced:
