@@ -69,7 +69,8 @@ class AutobatchFunction:
     def program(self) -> ir.Program:
         """The Function-IR program (compiled from source on first use)."""
         if self._program is None:
-            self._program = frontend.compile_program(self)
+            from .passes import function_pipeline
+            self._program = function_pipeline(frontend.compile_program(self))
         return self._program
 
     def lowered(self, types: Mapping[str, Any] | None = None) -> ir.Program:

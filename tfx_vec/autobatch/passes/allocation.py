@@ -20,7 +20,7 @@ Example:
     ...     y = x * 2
     ...     return y + 1
     >>> sorted(pipeline(compile_program(f)).allocation.items())
-    [('f._ab_ret', 'register'), ('f.x', 'register'), ('f.y', 'temporary')]
+    [('f.retval_', 'register'), ('f.x', 'register'), ('f.y', 'temporary')]
 """
 from __future__ import annotations
 
