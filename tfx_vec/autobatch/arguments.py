@@ -93,8 +93,8 @@ def batch(name: str, params: Sequence[str], values: Sequence[Any]) -> tuple[tupl
         leads = {leading(v.shape) if v.shape.rank else 0 for v in values}
         if len(leads) == 1 and None not in leads and 0 not in leads:
             return tuple(values), None
-    weak = [weak_of(v if not isinstance(v, list) else np.asarray(v)) for v in values]
     args = [_tensors(name, k, v) for k, v in enumerate(values)]
+    weak = [(False,) if isinstance(v, list) else weak_of(v) for v in values]
     leaves = [x for a in args for x in tf.nest.flatten(a)]
     batched = [x for x in leaves if x.shape.rank]
     if not batched:
@@ -124,7 +124,8 @@ def batch(name: str, params: Sequence[str], values: Sequence[Any]) -> tuple[tupl
     def fitted(x: tf.Tensor) -> tf.Tensor:
         if x.shape.rank and leading(x.shape) is None and isinstance(size, int):
             return tf.ensure_shape(x, [size] + x.shape.as_list()[1:])
-        if x.shape.rank == 0 or (leading(x.shape) == 1 and size != 1):
+        if x.shape.rank == 0 or (leading(x.shape) == 1 and not (isinstance(size, int)
+                                                                 and size == 1)):
             rest = x.shape.as_list()[1:] if x.shape.rank else []
             return tf.broadcast_to(x, tf.concat([tf.reshape(size, [1]),
                                                  tf.constant(rest, tf.int32)], 0))

@@ -273,8 +273,9 @@ def _check_node(src: Source, node: gast.AST, local_names: set[str]) -> None:
     if (isinstance(node, (gast.Name, gast.Attribute)) and isinstance(node.ctx, gast.Load)
             and not getattr(node, "ab_callee", False)
             and src.batched(node, local_names) is not None):
-        raise src.error(node, f"batched function {parser.unparse(node, include_encoding_marker=False).strip()!r} used "
-                              "as a value; only direct calls are supported")
+        text = parser.unparse(node, include_encoding_marker=False).strip()
+        raise src.error(node, f"batched function {text!r} used as a value; only direct calls "
+                              "are supported")
 
 
 def _check_range_loop(src: Source, node: gast.For, local_names: set[str]) -> None:

@@ -42,6 +42,7 @@ from tensorflow.python.autograph.pyct.static_analysis.annos import NodeAnno
 from . import ir
 from .canonical import Canonical, batched_python_function, canonicalize, extra_loop_test
 from .logic import HELPERS, PREFIX
+from .passes.liveness import block_liveness
 
 __all__ = ["compile_program", "batched_python_function"]
 
@@ -116,6 +117,12 @@ def compile_primitive(can: Canonical, stmts: list, inputs: tuple, outputs: tuple
     scope: dict[str, Any] = {}
     exec(compile(module, src.filename, "exec"), src.fn.__globals__, scope)
     return scope[f"{PREFIX}factory"](*[src.closure[v] for v in freevars], *HELPERS.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statements:
+    """A primitive's statements, before :meth:`_FunctionBuilder._compiled` compiles them."""
+    stmts: tuple
 
 
 class _Block:
@@ -209,8 +216,9 @@ class _FunctionBuilder:
             self.cur.ops.append(dataclasses.replace(ir.move(tuple(outputs), tuple(inputs), loc),
                                                     text=text))
             return
-        fn = compile_primitive(self.can, stmts, tuple(inputs), tuple(outputs))
-        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs), fn, text, loc))
+        # compiled once liveness is known (_compiled): only live outputs leave the primitive
+        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs),
+                                         _Statements(tuple(stmts)), text, loc))
 
     def as_var(self, expr: gast.AST, kind: str = "t") -> str:
         """A local holding the value of ``expr``."""
@@ -396,8 +404,24 @@ class _FunctionBuilder:
         index = {id(b): i for i, b in enumerate(reachable)}
         blocks = tuple(ir.Block(f"{self.name}.{i}", tuple(b.ops), b.term.resolve(index))
                        for i, b in enumerate(reachable))
-        return ir.Function(self.name, self.can.params, blocks, self.can.result or "",
-                           self.src.loc(fdef))
+        return self._compiled(ir.Function(self.name, self.can.params, blocks,
+                                          self.can.result or "", self.src.loc(fdef)))
+
+    def _compiled(self, f: ir.Function) -> ir.Function:
+        """Compile every primitive, its outputs narrowed to the variables live after it (a
+        lambda or a list used within one run of statements is never a batched variable)."""
+        _, after = block_liveness(f.blocks, lambda i: ir.successors(f.blocks[i].terminator))
+        blocks = []
+        for i, b in enumerate(f.blocks):
+            ops = []
+            for k, op in enumerate(b.ops):
+                if isinstance(op, ir.Primitive) and isinstance(op.fn, _Statements):
+                    outputs = tuple(v for v in op.outputs if v in after[(i, k)])
+                    op = dataclasses.replace(op, outputs=outputs, fn=compile_primitive(
+                        self.can, op.fn.stmts, op.inputs, outputs))
+                ops.append(op)
+            blocks.append(dataclasses.replace(b, ops=tuple(ops)))
+        return dataclasses.replace(f, blocks=tuple(blocks))
 
 
 def _skip_empty(b: _Block) -> _Block:

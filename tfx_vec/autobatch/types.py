@@ -29,6 +29,7 @@ Example:
 """
 from __future__ import annotations
 
+import itertools
 import linecache
 from typing import Any, Mapping, Sequence
 
@@ -311,8 +312,8 @@ class _Inference:
             self.merge(fname, var, *out, prim.loc)
 
     def _outputs(self, prim: ir.Primitive, inputs: list[_Var]) -> tuple[list, list]:
-        """Trace ``prim``; when that fails and some inputs are weak, retry with them as the
-        dtype of a strong input of the same kind (``count + n``).  Returns the inputs so
+        """Trace ``prim``; when that fails and some inputs are weak, retry with them typed as
+        strong inputs of their kind (``count + n``, ``acc + vector``).  Returns the inputs so
         promoted (None where unchanged) and each output's (spec, weak flags)."""
         specs = tuple(v.resolved() for v in inputs)
         try:
@@ -331,17 +332,19 @@ class _Inference:
         return promoted, results
 
     def _retry_promoted(self, prim, inputs, first):
-        strong = {s.dtype for v in inputs for s, w in zip(tf.nest.flatten(v.spec), v.weak)
-                  if not w}
-        for dtype in sorted(strong, key=lambda d: d.name):
-            promoted = []
-            for v in inputs:
-                leaves = [tf.TensorSpec(s.shape, dtype) if w and _kind(s.dtype) <= _kind(dtype)
-                          else s for s, w in zip(tf.nest.flatten(v.spec), v.weak)]
-                flags = tuple(w and not (_kind(s.dtype) <= _kind(dtype))
-                              for s, w in zip(tf.nest.flatten(v.spec), v.weak))
-                promoted.append(_Var(tf.nest.pack_sequence_as(v.spec, leaves), flags)
-                                if flags != v.weak else None)
+        """Retry with each weak input leaf as a strong input leaf of its kind: its dtype, and
+        (for a per-member scalar) maybe its shape; one choice per kind, each combination."""
+        choices: dict[int, list] = {}
+        for v in inputs:
+            for s, w in zip(tf.nest.flatten(v.spec), v.weak):
+                k = _kind(s.dtype)
+                if not w and k is not None and s not in choices.setdefault(k, []):
+                    choices[k].append(s)
+        options = {k: [(s, False) for s in c] + [(s, True) for s in c if s.shape.rank > 1]
+                   for k, c in choices.items()}
+        for combo in itertools.product(*options.values()):
+            pick = dict(zip(options, combo))
+            promoted = [self._promote(v, pick) for v in inputs]
             if all(p is None for p in promoted):
                 continue
             try:
@@ -352,6 +355,24 @@ class _Inference:
             return outs, promoted
         raise PrimitiveError(f"{_failing_line(prim, first)} failed: {type(first).__name__}: "
                              f"{first}") from first
+
+    @staticmethod
+    def _promote(v: _Var, pick: dict) -> _Var | None:
+        """``v`` with its weak leaves as the strong spec picked for their kind (None if none)."""
+        leaves, flags = [], []
+        for s, w in zip(tf.nest.flatten(v.spec), v.weak):
+            chosen = pick.get(_kind(s.dtype)) if w else None
+            if chosen is None:
+                leaves.append(s)
+                flags.append(w)
+                continue
+            strong, with_shape = chosen
+            shape = strong.shape if with_shape and s.shape.rank == 1 else s.shape
+            leaves.append(tf.TensorSpec(shape, strong.dtype))
+            flags.append(False)
+        if tuple(flags) == v.weak:
+            return None
+        return _Var(tf.nest.pack_sequence_as(v.spec, leaves), tuple(flags))
 
     def call(self, fname: str, op: ir.Call) -> None:
         env, callee = self.env[fname], self.program.functions[op.callee]

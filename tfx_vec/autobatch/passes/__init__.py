@@ -32,8 +32,9 @@ from .static_returns import static_returns
 from .tail_calls import tail_calls
 from .thread_jumps import thread_jumps
 
-__all__ = ["function_pipeline", "pipeline", "thread_jumps", "tail_calls", "liveness", "lower", "elide_stacks", "fuse_pop_push", "static_returns",
-           "forward_result", "merge_blocks", "layout", "LAYOUTS", "allocate"]
+__all__ = ["function_pipeline", "pipeline", "thread_jumps", "tail_calls", "liveness", "lower",
+           "elide_stacks", "fuse_pop_push", "static_returns", "forward_result", "merge_blocks",
+           "layout", "LAYOUTS", "allocate"]
 
 FUNCTION_STAGES = (thread_jumps, tail_calls)
 STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, forward_result,
