@@ -1,6 +1,10 @@
 # `make test` and `make bench` each do all the set-up on a fresh Debian/Ubuntu machine:
 # create .venv, install tfx_vec with its extras, install PoCL (OpenCL on the CPU) when run as
 # root with apt, then run.  Re-running skips what is already done.
+#
+# On a 2-core machine: `make test` (what CI runs, through .ci/run) takes about 10 minutes, the
+# install included; `make bench` about 35 minutes.  `make bench` runs every benchmark at small
+# sizes and writes benchmarks/results/quick/; full-size runs are `python -m benchmarks NAME`.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -2,7 +2,8 @@
 
 Each NAME is a module in this folder with a ``run(quick: bool) -> harness.Report`` function
 (``pfor_autobatch``, ``tc_cpu``, ...); with no NAME every such module runs.  Tables go to
-stdout; JSON and PNG go to ``benchmarks/results/``.
+stdout; JSON and PNG go to ``benchmarks/results/`` (``benchmarks/results/quick/`` with ``--quick``,
+so small-size runs never replace the full-size results that the documentation cites).
 
 ``--intra-op-threads N`` sets TensorFlow's (and so XLA:CPU's) intra-op thread pool for the
 whole process, ours and the peers alike, and saves results as ``NAME_intraN``: on a small
@@ -17,6 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from benchmarks import harness
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _HERE = Path(__file__).resolve().parent
 _NOT_BENCHMARKS = {"harness", "__main__"}
@@ -25,6 +28,10 @@ _NOT_BENCHMARKS = {"harness", "__main__"}
 def available() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules([str(_HERE)])
                   if m.name not in _NOT_BENCHMARKS and not m.name.startswith("_"))
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(_HERE.parent)) if path.is_relative_to(_HERE.parent) else str(path)
 
 
 def main(argv=None) -> int:
@@ -55,9 +62,8 @@ def main(argv=None) -> int:
         print(report.table())
         if report.notes:
             print("\n" + report.notes)
-        jpath, ppath = report.save()
-        print(f"\nwrote {jpath.relative_to(_HERE.parent)}"
-              + (f" and {ppath.relative_to(_HERE.parent)}" if ppath else ""), flush=True)
+        jpath, ppath = report.save(harness.results_dir(args.quick))
+        print(f"\nwrote {_shown(jpath)}" + (f" and {_shown(ppath)}" if ppath else ""), flush=True)
     if failed:
         print(f"\nFAILED: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -6,7 +6,8 @@ process, so the ratios are meaningful on a shared, noisy machine even when absol
 A benchmark module defines ``run(quick: bool) -> Report``.  It builds a :class:`Report`,
 adds rows with :meth:`Report.measure` (or :meth:`Report.add` for a value it computed itself)
 and returns it; ``python -m benchmarks`` prints the table and writes
-``benchmarks/results/<name>.json`` and ``<name>.png``.
+``benchmarks/results/<name>.json`` and ``<name>.png``, or, for a ``--quick`` run, the same
+files under ``benchmarks/results/quick/``: a quick run never overwrites a full run's results.
 
 Example:
     >>> r = Report("demo", unit="ms", ours="ours")
@@ -27,6 +28,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
+QUICK = "quick"      # the subfolder of the results folder that --quick runs write
+
+
+def results_dir(quick: bool, root: Path | None = None) -> Path:
+    """Where a run's JSON and PNG go: full runs in ``root``, quick runs in ``root/quick``.
+
+    Example:
+        >>> results_dir(True, Path("results")).as_posix()
+        'results/quick'
+    """
+    root = RESULTS if root is None else root
+    return root / QUICK if quick else root
 _SETTLE_S = 0.01  # pause before each interleaved sample (see Report.measure_interleaved)
 
 

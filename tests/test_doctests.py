@@ -7,7 +7,8 @@ import pytest
 
 import tfx_vec
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(tfx_vec.__path__, "tfx_vec."))
+MODULES = ["tfx_vec"] + sorted(m.name for m in pkgutil.walk_packages(tfx_vec.__path__,
+                                                                    "tfx_vec."))
 
 
 def test_examples_exist_in_most_modules():

@@ -60,3 +60,25 @@ def test_measure_interleaved_varies_who_runs_before_whom(monkeypatch):
     assert all(sorted(r) == sorted(impls) for r in rounds)
     before = {name: {p for r in rounds for p, q in zip(r, r[1:]) if q == name} for name in impls}
     assert all(len(preds) >= 2 for preds in before.values()), before
+
+
+def test_quick_runs_write_beside_full_runs(tmp_path, monkeypatch):
+    """`make bench` (--quick) must never overwrite the full-size results the docs cite."""
+    import sys
+    import types
+
+    import benchmarks.__main__ as cli
+    import benchmarks.harness as harness
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+
+    def run(quick):
+        r = Report("fake_bench", unit="ms")
+        r.add("case", "tfx_vec", 2.0 if quick else 1.0)
+        return r
+    monkeypatch.setitem(sys.modules, "benchmarks.fake_bench", types.SimpleNamespace(run=run))
+    monkeypatch.setattr(cli, "available", lambda: ["fake_bench"])
+    assert cli.main(["fake_bench"]) == 0
+    assert cli.main(["--quick", "fake_bench"]) == 0
+    full = json.loads((tmp_path / "fake_bench.json").read_text())
+    quick = json.loads((tmp_path / "quick" / "fake_bench.json").read_text())
+    assert [full["rows"][0]["value"], quick["rows"][0]["value"]] == [1.0, 2.0]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.support import random_array, require
 from tfx_vec import tc_ops as tc
+from tfx_vec.tc_ops import native
 from tfx_vec.tc_ops.backends import cpu
 
 from .corpus import BY_NAME, CASES
@@ -139,15 +140,15 @@ def test_several_outputs_return_a_tuple_and_shapes_are_inferred():
 
 
 def test_compiled_object_cache_hits_without_the_compiler(monkeypatch, tmp_path):
-    monkeypatch.setenv("TFX_VEC_TC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TFX_VEC_CACHE_DIR", str(tmp_path))
     src = "def axpy(float(N) X, float(N) Y, float a) -> (Z) { Z(i) = a * X(i) + Y(i) }"
     x = np.arange(1, 6, dtype=np.float32)
     tc.define(src).axpy(x, x, 2.0)
-    assert len(list(tmp_path.glob("*.so"))) == 1
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
 
     def no_compiler(*a, **k):
         raise AssertionError("compiler called on a cache hit")
-    monkeypatch.setattr(cpu.subprocess, "run", no_compiler)
+    monkeypatch.setattr(native, "run_tool", no_compiler)
     out = tc.define(src).axpy(x, x, 2.0)    # a new module: only the .so cache can hit
     np.testing.assert_allclose(out.numpy(), 3 * x)
     with pytest.raises(AssertionError, match="compiler called"):
@@ -232,7 +233,7 @@ _ASAN_RUNNER = textwrap.dedent("""
 
 
 def _asan_runtime():
-    cc = cpu.compiler()
+    cc = native.tool("CC")[0]
     path = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
                           text=True).stdout.strip()
     require(os.path.isabs(path) and os.path.exists(path), "libasan.so (AddressSanitizer)")
@@ -247,8 +248,9 @@ def _run_under_asan(tmp_path, source, entry, arrays):
     runner.write_text(_ASAN_RUNNER)
     env = dict(os.environ, LD_PRELOAD=_asan_runtime(), ASAN_OPTIONS="detect_leaks=0",
                OMP_NUM_THREADS="2")
-    return subprocess.run([sys.executable, str(runner), str(so), str(tmp_path / "args.npz"),
-                           entry], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, str(runner), str(so.path),
+                           str(tmp_path / "args.npz"), entry],
+                          capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.mark.parametrize("name", ["tmm", "sconv2d", "maxpool2x2", "2LUT", "layernorm",
@@ -274,7 +276,7 @@ def test_address_sanitizer_catches_an_out_of_bounds_kernel(tmp_path):
 
 
 def test_compile_error_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setenv("TFX_VEC_TC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TFX_VEC_CACHE_DIR", str(tmp_path))
     with pytest.raises(tc.TcCompileError, match="C compiler failed"):
         cpu.compile_shared("this is not C")
     require(shutil.which("cc") is not None, "cc")

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tests.support import random_array, require, square_loss_and_grad
 from tests.tc_ops.corpus import CASES
 from tfx_vec import tc_ops as tc
-from tfx_vec.tc_ops import tf_op
+from tfx_vec.tc_ops import op_builder, tf_op
 from tfx_vec.tc_ops.backends.cuda import nvcc_path
 from tfx_vec.tc_ops.errors import TcBackendError, TcOptionsError, TcShapeError
 from tfx_vec.tc_ops.keras import EmbeddingBag, FusedMLP, GroupedConv, TcLayer
@@ -36,21 +36,25 @@ def _op_types(graph: tf.Graph) -> list[str]:
 
 
 def _cuda_ops(graph: tf.Graph) -> dict[str, tf.Operation]:
-    """The graph's TcCudaKernel ops by TC entry name (no TcKernel may be among its ops)."""
+    """The graph's TcCudaKernel ops by TC entry name, ``<entry> derivative`` for a gradient op
+    (which carries the forward TC; no TcKernel may be among the graph's ops)."""
     types = _op_types(graph)
     assert "TcKernel" not in types, types
-    return {op.get_attr("entry").decode(): op for op in graph.get_operations()
-            if op.type == "TcCudaKernel"}
+    return {op.get_attr("entry").decode() + (" derivative" if op.get_attr("derivative") else ""):
+            op for op in graph.get_operations() if op.type == "TcCudaKernel"}
+
+
+def _launches(op: tf.Operation) -> tf_op.CudaLaunchSpec:
+    """What ``op`` launches when it runs on its inputs' shapes: the builder's answer to the
+    op's own attributes (the op carries a TC, never PTX)."""
+    assert "module" not in op.node_def.attr and op.get_attr("tc")
+    shapes = [inp.shape.as_list() for inp in op.inputs]
+    return op_builder.build(op_builder.request_for(op.node_def, shapes))
 
 
 def _assert_launches(op: tf.Operation, spec: tf_op.CudaLaunchSpec) -> None:
-    """``op`` carries exactly ``spec``: PTX, kernels, grid/block, temporaries, output shapes."""
-    assert op.get_attr("entry").decode() == spec.entry
-    assert op.get_attr("module").decode() == spec.module
-    assert tuple(k.decode() for k in op.get_attr("kernels")) == spec.kernels
-    assert op.get_attr("grid") == [x for g in spec.grid for x in g]
-    assert op.get_attr("block") == [x for b in spec.block for x in b]
-    assert tuple(op.get_attr("temp_bytes")) == spec.temp_bytes
+    """``op`` launches exactly ``spec``: PTX, kernels, grid/block, temporaries, output shapes."""
+    assert _launches(op) == spec
     shapes = [list(s) for s in spec.output_shapes]
     assert [tf.TensorShape(s).as_list() for s in op.get_attr("output_shapes")] == shapes
     assert [o.shape.as_list() for o in op.outputs] == shapes
@@ -73,9 +77,9 @@ def test_cuda_entry_in_tf_function_traces_to_the_gpu_op_and_its_gradient(graph_o
     # backward (the backward TC takes A, B and dC).
     f = tf_op.TcFunction(TMM, "tmm", backend="cuda")
     A, B = tf.ones([40, 24]), tf.ones([50, 24])
-    assert sorted(ops) == sorted(["tmm", f.backward.entry])
+    assert sorted(ops) == ["tmm", "tmm derivative"]
     _assert_launches(ops["tmm"], f.cuda_spec(A, B))
-    _assert_launches(ops[f.backward.entry], f.backward.cuda_spec(A, B, tf.ones([40, 50])))
+    _assert_launches(ops["tmm derivative"], f.backward.cuda_spec(A, B, tf.ones([40, 50])))
 
 
 def test_cuda_entry_uses_the_per_call_options_in_the_graph(graph_only):
@@ -93,10 +97,11 @@ def test_cuda_entry_uses_the_per_call_options_in_the_graph(graph_only):
     rng = np.random.default_rng(4)
     A, B = random_array(rng, (32, 16)), random_array(rng, (24, 16))
     kernel = tc.define(TMM, backend="cuda").tmm.compile(A, B, options=opts)
-    assert op.get_attr("block") == [x for gk in kernel.mapping.kernels for x in _pad3(gk.block)]
-    assert op.get_attr("grid") == [x for gk in kernel.mapping.kernels for x in _pad3(gk.grid)]
-    assert op.get_attr("block") == [8, 4, 1] and plain.get_attr("block") != [8, 4, 1]
-    assert ".shared" in op.get_attr("module").decode()
+    launches, plain_launches = _launches(op), _launches(plain)
+    assert launches.block == tuple(_pad3(gk.block) for gk in kernel.mapping.kernels)
+    assert launches.grid == tuple(_pad3(gk.grid) for gk in kernel.mapping.kernels)
+    assert launches.block == ((8, 4, 1),) and plain_launches.block != ((8, 4, 1),)
+    assert ".shared" in launches.module
     _assert_launches(op, tf_op.TcFunction(TMM, "tmm", backend="cuda", options=opts)
                      .cuda_spec(A, B))
     with pytest.raises(TcOptionsError, match="options must be a tc.MappingOptions"):
@@ -139,7 +144,8 @@ def test_cpu_entry_in_tf_function_still_the_cpu_op_with_per_call_options():
     graph = naive.get_concrete_function(tf.TensorSpec([20, 9]), tf.TensorSpec([13, 9])).graph
     (op,) = [op for op in graph.get_operations() if op.type == "TcKernel"]
     assert "TcCudaKernel" not in _op_types(graph)
-    assert "#pragma" not in op.get_attr("source").decode()     # the naive schedule's C
+    built = op_builder.build(op_builder.request_for(op.node_def, [(20, 9), (13, 9)]))
+    assert "#pragma" not in built.kernel.source     # the naive schedule's C
     np.testing.assert_allclose(naive(A, B).numpy(), A @ B.T, rtol=1e-5, atol=1e-5)
     with pytest.raises(TcShapeError, match="size K is 9 from A"):   # not AutoGraph's StagingError
         tf.function(lambda a, b: mod.tmm(a, b))(A, B[:, :4])
@@ -171,9 +177,9 @@ def test_model_with_a_cuda_layer_trains_through_gpu_ops(graph_only):
     ops = _cuda_ops(concrete.graph)
     f = tf_op.TcFunction(FCRELU, "fcrelu", backend="cuda")
     x, W, b = tf.ones([8, 3]), tf.ones([5, 3]), tf.ones([5])
-    assert sorted(ops) == sorted(["fcrelu", f.backward.entry])
+    assert sorted(ops) == ["fcrelu", "fcrelu derivative"]
     _assert_launches(ops["fcrelu"], f.cuda_spec(x, W, b))
-    _assert_launches(ops[f.backward.entry], f.backward.cuda_spec(x, W, b, tf.ones([8, 5])))
+    _assert_launches(ops["fcrelu derivative"], f.backward.cuda_spec(x, W, b, tf.ones([8, 5])))
 
 
 @pytest.mark.parametrize("make, shape, dtype", [

@@ -17,10 +17,11 @@ from tensorflow.python.framework import kernels as tf_kernels
 
 from tests.support import random_array, require, require_tool, square_loss_and_grad
 from tests.tc_ops.corpus import CASES
-from tfx_vec.tc_ops import tf_op
+from tfx_vec.tc_ops import native, op_builder, tf_op
 from tfx_vec.tc_ops.api import define
 from tfx_vec.tc_ops.backends.cuda import nvcc_path
 from tfx_vec.tc_ops.errors import TcBackendError, TcCompileError
+from tfx_vec.tc_ops.lang.types import from_np_dtype
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 CASE = {c.name: c for c in CASES}
@@ -98,7 +99,7 @@ def test_ptx_assembles_for_sm90_and_launch_attributes_are_the_mappings(name, tmp
     assert spec.temp_bytes == tuple(4 * int(np.prod(shapes[t])) for t in cdef.temps)
     refs = case.reference(*inputs)
     assert spec.output_shapes == tuple(np.shape(r) for r in refs)
-    assert spec.output_dtypes == tuple(tf.as_dtype(np.asarray(r).dtype) for r in refs)
+    assert spec.output_dtypes == tuple(from_np_dtype(np.asarray(r).dtype) for r in refs)
     if name == "layernorm":
         assert spec.temp_bytes and all(b > 0 for b in spec.temp_bytes)
     if name == "gather":  # ids are unknown when the graph is built: reads are clamped
@@ -254,8 +255,9 @@ def test_launch_attributes_are_checked(fake_driver, tmp_path):
 
 
 def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
-    """A tf.function with the op and its gradient traces to TcCudaKernel nodes carrying the
-    launch attributes, with static output shapes; the backward TC is a GPU op too."""
+    """A tf.function with the op and its gradient traces to TcCudaKernel nodes carrying the TC
+    (no PTX), with static output shapes, whose builder answers with the launches of the
+    mapping; the backward TC is a GPU op too."""
     _require_cuda_toolkit()
     monkeypatch.setattr(tf_op, "require_gpu", lambda: None)  # build the graph, never run it
     f = tf_op.tc_function(TMM, "tmm", backend="cuda")
@@ -267,18 +269,20 @@ def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
     ops = [op for op in concrete.graph.get_operations() if op.type == "TcCudaKernel"]
     assert len(ops) == 2, [op.type for op in concrete.graph.get_operations()]
     forward = f.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]))
-    fwd = next(op for op in ops if op.get_attr("entry") == b"tmm")
-    assert [k.decode() for k in fwd.get_attr("kernels")] == list(forward.kernels)
-    assert fwd.get_attr("grid") == [x for g in forward.grid for x in g]
-    assert fwd.get_attr("block") == [x for b in forward.block for x in b]
-    assert fwd.get_attr("module").decode() == forward.module
-    bwd = next(op for op in ops if op is not fwd)
-    assert bwd.get_attr("entry").decode() == f.backward.entry
+    fwd = next(op for op in ops if not op.get_attr("derivative"))
+    assert fwd.get_attr("tc").decode() == TMM and "module" not in fwd.node_def.attr
+    launches = op_builder.build(op_builder.request_for(fwd.node_def, [(40, 24), (50, 24)]))
+    assert launches == forward and ".entry tc_tmm" in launches.module
+    bwd = next(op for op in ops if op is not fwd)      # the backward TC, derived per shape
+    assert bwd.get_attr("tc").decode() == TMM and bwd.get_attr("derivative") == b'["A", "B"]'
+    assert op_builder.build(op_builder.request_for(bwd.node_def, [(40, 24), (50, 24), (40, 50)])
+                            ) == f.backward.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]),
+                                                      tf.ones([40, 50]))
 
 
 def test_savedmodel_with_the_gpu_op_reloads_with_its_attributes(tmp_path, monkeypatch):
-    """The op's attributes (PTX, kernels, grid/block) survive a SavedModel round trip: the
-    reloaded function holds the same TcCudaKernel node (with the library loaded first)."""
+    """The op's attributes (its TC) survive a SavedModel round trip: the reloaded function holds
+    the same TcCudaKernel node (with the library loaded first), which makes the same launches."""
     _require_cuda_toolkit()
     monkeypatch.setattr(tf_op, "require_gpu", lambda: None)  # build the graph, never run it
     f = tf_op.tc_function(TMM, "tmm", backend="cuda")
@@ -290,15 +294,12 @@ def test_savedmodel_with_the_gpu_op_reloads_with_its_attributes(tmp_path, monkey
             return f(a, b)
 
     tf.saved_model.save(M(), str(tmp_path / "m"))
-    tf_op.load_cuda_op_library()
-    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    loaded = tf_op.load_saved_model(str(tmp_path / "m"))
     graph = loaded.tmm.get_concrete_function().graph.as_graph_def()
     nodes = [n for fd in graph.library.function for n in fd.node_def if n.op == "TcCudaKernel"]
     assert len(nodes) == 1
     spec = f.cuda_spec(tf.ones([4, 3]), tf.ones([5, 3]))
-    assert nodes[0].attr["module"].s.decode() == spec.module
-    assert list(nodes[0].attr["grid"].list.i) == [x for g in spec.grid for x in g]
-    assert list(nodes[0].attr["block"].list.i) == [x for b in spec.block for x in b]
+    assert op_builder.build(op_builder.request_for(nodes[0], [(4, 3), (5, 3)])) == spec
 
 
 def test_asking_for_the_cuda_op_without_a_gpu_is_a_clear_error():
@@ -329,8 +330,6 @@ def test_the_op_never_falls_back_to_the_cpu():
     CPU kernel, and nothing silently executes it elsewhere."""
     _require_cuda_toolkit()
     lib = tf_op.load_cuda_op_library()
-    spec = tf_op.TcFunction(TMM, "tmm", backward=None, backend="cuda").cuda_spec(
-        tf.ones([4, 3]), tf.ones([5, 3]))
     soft = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(False)
     try:
@@ -338,9 +337,7 @@ def test_the_op_never_falls_back_to_the_cpu():
                 (tf.errors.NotFoundError, tf.errors.InvalidArgumentError), match="TcCudaKernel"):
             lib.tc_cuda_kernel(inputs=[tf.ones([4, 3]), tf.ones([5, 3])], Tout=[tf.float32],
                                input_shapes=[(4, 3), (5, 3)], output_shapes=[(4, 5)],
-                               entry="tmm", module=spec.module, kernels=list(spec.kernels),
-                               grid=[x for g in spec.grid for x in g],
-                               block=[x for b in spec.block for x in b])
+                               tc=TMM, entry="tmm", options="")
     finally:
         tf.config.set_soft_device_placement(soft)
 
@@ -363,7 +360,7 @@ def test_ptx_is_cached_and_nvcc_errors_are_compile_errors(monkeypatch, tmp_path)
 
     def no_nvcc(*a, **k):
         raise AssertionError("nvcc ran on a cache hit")
-    monkeypatch.setattr(tf_op.subprocess, "run", no_nvcc)
+    monkeypatch.setattr(native, "run_tool", no_nvcc)
     assert tf_op.cuda_ptx(src) == ptx
     monkeypatch.undo()
     with pytest.raises(TcCompileError, match="nvcc --ptx -arch=compute_75 failed"):

@@ -22,6 +22,7 @@ import typing
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import math_ops
 from tensorflow.python.util import dispatch as tf_dispatch
 
 from . import runtime
@@ -93,6 +94,11 @@ def install() -> None:
             sigs += [{p: typing.List[_ELEMENT]} for p in op.lists]
             tf.experimental.dispatch_for_api(op.api, *sigs)(_target(op))
         COVERED.append(op.name)
+    # ``tf.Tensor.__add__`` calls this private wrapper (string concatenation aside, math.add):
+    # without it ``eager_tensor + lazy`` would fall back while ``lazy + eager_tensor`` records.
+    BY_API[id(math_ops._add_dispatch)] = OPS["math.add"]
+    BY_API[id(math_ops.tensor_equals)] = OPS["math.equal"]          # eager_tensor == lazy
+    BY_API[id(math_ops.tensor_not_equals)] = OPS["math.not_equal"]
     _GlobalDispatcher().register()
     tf.experimental.dispatch_for_api(tf.shape, {"input": LazyTensor})(
         _static_shape(lambda d: d))

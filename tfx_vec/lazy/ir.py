@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Sequence
 import tensorflow as tf
 
 __all__ = ["Node", "Program", "Key", "canonicalize", "text", "short_dtype", "key_hash",
-           "Recording", "RECORDING"]
+           "Recording", "RECORDING", "describe_change"]
 
 PARAM_OPS = frozenset({"data", "var", "scalar"})
 LEAF_OPS = frozenset({"data", "var", "scalar", "const"})
@@ -299,6 +299,8 @@ def key_hash(key: tuple) -> str:
 
 
 def _fmt_attr(node: Node) -> str:
+    if node.op == "raw":  # (TF op type, attribute bytes): the type is shown as the op
+        return ""
     if node.op in ("out", "const"):
         return repr(node.attrs[0])
     if node.op == "grad":
@@ -325,6 +327,67 @@ def text(outputs: Sequence[Node]) -> str:
         if node in roots:
             extra.append(f"ROOT={roots[node]}")
         tail = (", " + ", ".join(extra)) if extra else ""
-        lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {node.op}({args}){tail}")
+        op = node.attrs[0] if node.op == "raw" else node.op
+        lines.append(f"  %{i} = {short_dtype(node.dtype)}[{shape}] {op}({args}){tail}")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _entry_name(e: tuple) -> str:
+    if e[0] == "raw":
+        return e[1][0]
+    return e[0]
+
+
+def _sig_text(sig: tuple | None) -> str:
+    if sig is None:
+        return "tuple"
+    shape, enum = sig
+    return f"{short_dtype(tf.as_dtype(enum))}[{','.join(map(str, shape))}]"
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """What differs between two program keys, in words: the first input whose shape or dtype
+    changed, the first baked constant that changed (and the op using it), the first op that
+    differs, or the live outputs / updated variables.
+
+    >>> a = canonicalize([Node("math.abs", (Node.leaf("data", tf.ones([2])),), (), (2,),
+    ...                        tf.float32)]).key
+    >>> b = canonicalize([Node("math.abs", (Node.leaf("data", tf.ones([3])),), (), (3,),
+    ...                        tf.float32)]).key
+    >>> describe_change(a, b)
+    'input %0 (data) changed shape: f32[2] -> f32[3]'
+    """
+    old_entries, new_entries = old[0], new[0]
+    for i, (a, b) in enumerate(zip(old_entries, new_entries)):
+        if a == b:
+            continue
+        if a[0] == b[0] and a[0] in PARAM_OPS:
+            what = "shape" if a[1][0] != b[1][0] else "dtype"
+            return f"input %{i} ({a[0]}) changed {what}: {_sig_text(a[1])} -> {_sig_text(b[1])}"
+        if a[0] == b[0] == "const":
+            user = next((_entry_name(e) for e in new_entries[i + 1:]
+                         if e[0] not in PARAM_OPS and len(e) > 3 and i in e[3]), "?")
+            return (f"constant %{i} (an input of {user}) changed: {a[1][0]!r} -> {b[1][0]!r} "
+                    "(a value baked into the program: a shape, an axis, a Python 0 or +-1)")
+        if a[0] == b[0] and (a[0] != "raw" or a[1][0] == b[1][0]):
+            name = _entry_name(a)
+            if a[2] != b[2]:
+                return (f"op %{i} {name} changed output: {_sig_text(a[2])} -> "
+                        f"{_sig_text(b[2])}")
+            if a[1] != b[1]:
+                return f"op %{i} {name} changed attributes"
+            return f"op %{i} {name} takes other inputs"
+        return (f"op %{i} differs: {_entry_name(a)} -> {_entry_name(b)} (the step recorded "
+                "other ops: Python control flow on a value, or another code path)")
+    if len(old_entries) != len(new_entries):
+        k = min(len(old_entries), len(new_entries))
+        longer = new_entries if len(new_entries) > k else old_entries
+        return (f"{len(new_entries) - len(old_entries):+d} ops recorded (from %{k} "
+                f"{_entry_name(longer[k])} on)")
+    if old[1] != new[1]:
+        return (f"other tensors are live at the barrier ({len(old[1])} -> {len(new[1])} "
+                "outputs)")
+    if old[2] != new[2]:
+        return f"other variables are updated ({len(old[2])} -> {len(new[2])})"
+    return "same program"

@@ -30,11 +30,29 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
 
+from . import raw
+from .calls import replay_call
 from .errors import LazyCompileError
 from .ops import OPS, call
 
-__all__ = ["build"]
+__all__ = ["build", "read_variable", "assign_variable"]
+
+
+def read_variable(var: Any, dtype: tf.DType) -> tf.Tensor:
+    """Read a ``tf.Variable`` or a variable's resource handle (eagerly or while tracing)."""
+    if isinstance(var, tf.Variable):
+        return var.read_value()
+    return gen_resource_variable_ops.read_variable_op(var, dtype)
+
+
+def assign_variable(var: Any, value: tf.Tensor) -> None:
+    """Write ``value`` to a ``tf.Variable`` or a variable's resource handle."""
+    if isinstance(var, tf.Variable):
+        var.assign(value)
+    else:
+        gen_resource_variable_ops.assign_variable_op(var, value)
 
 
 def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
@@ -45,6 +63,17 @@ def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
     grads = tape.gradient(target, sources, output_gradients=og,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return [tf.convert_to_tensor(g) for g in grads]
+
+
+def _reads(entry: tuple) -> tuple:
+    """The entries whose values ``entry`` reads (a call's variable leaves are resources; its
+    current values are read only where they differ from the leaf)."""
+    if entry[0] != "call":
+        return entry[3]
+    n_in, inputs = entry[1][1], entry[3]
+    n_var = (len(inputs) - n_in) // 2
+    leaves, now = inputs[n_in:n_in + n_var], inputs[n_in + n_var:]
+    return inputs[:n_in] + tuple(j for j, k in zip(now, leaves) if j != k)
 
 
 def build(key: tuple, jit: bool = True) -> Callable:
@@ -66,6 +95,9 @@ def build(key: tuple, jit: bool = True) -> Callable:
         if e[0] == "var":
             var_pos[i] = k
             k += 1
+    # A variable only written (its first assignment) is not read: it may be uninitialized.
+    read = {j for e in entries if e[0] not in leaf or e[0] == "out" for j in _reads(e)}
+    read.update(outputs)
 
     def replay(data: list, scalars: tf.Tensor, variables: list) -> list:
         values: list[Any] = [None] * len(entries)
@@ -85,7 +117,11 @@ def build(key: tuple, jit: bool = True) -> Callable:
                     v = data[di]
                     di += 1
                 elif op == "var":
-                    v = variables[vi].read_value()
+                    v = None
+                    if i in read:
+                        v = read_variable(variables[vi], tf.as_dtype(e[1][1]))
+                        if not isinstance(variables[vi], tf.Variable):
+                            v.set_shape(e[1][0])
                     vi += 1
                 elif op == "scalar":
                     v = tf.cast(scalars[si], tf.as_dtype(e[1][1]))
@@ -98,11 +134,22 @@ def build(key: tuple, jit: bool = True) -> Callable:
                 elif op == "grad":
                     with paused:
                         v = _grad(tapes[i], e, values)
+                elif op == "call":   # a library call (calls.py) on the program's variables
+                    token, n_in = e[1]
+                    n_var = (len(e[3]) - n_in) // 2
+                    leaves, now = e[3][n_in:n_in + n_var], e[3][n_in + n_var:]
+                    with paused:
+                        v = replay_call(token, [values[j] for j in e[3][:n_in]],
+                                        [variables[var_pos[j]] for j in leaves],
+                                        [None if j == k else values[j]
+                                         for j, k in zip(now, leaves)])
                 else:
                     layout, attrs = e[1]
                     try:
                         with paused:
-                            v = call(OPS[op], [values[j] for j in e[3]], layout, attrs)
+                            inputs = [values[j] for j in e[3]]
+                            v = raw.call(layout, attrs, inputs) if op == "raw" else \
+                                call(OPS[op], inputs, layout, attrs)
                     except Exception as err:  # name the node, keep the cause
                         raise LazyCompileError(f"lowering node %{i} ({op}) failed: {err}") \
                             from err
@@ -112,7 +159,7 @@ def build(key: tuple, jit: bool = True) -> Callable:
                     tapes[g].watch(v)
                 values[i] = v
         for var_i, val_i in assigns:
-            variables[var_pos[var_i]].assign(values[val_i])
+            assign_variable(variables[var_pos[var_i]], values[val_i])
         return [values[i] for i in outputs]
 
     return Compiled(tf.function(replay, jit_compile=jit, autograph=False))
@@ -135,7 +182,8 @@ class Compiled:
 
     def __call__(self, data: list, scalars: Any, variables: list) -> list:
         if self._flat is not None:
-            flat = data + [scalars] + [v.handle for v in variables]
+            flat = data + [scalars] + [v.handle if isinstance(v, tf.Variable) else v
+                                       for v in variables]
             return list(self._flat(flat, self._concrete.captured_inputs))
         if self._concrete is None:
             self._concrete = self.function.get_concrete_function(data, scalars, variables)

@@ -24,7 +24,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["OpDef", "OPS", "BY_API", "call", "infer", "freeze", "Unrecordable"]
+__all__ = ["OpDef", "OPS", "BY_API", "call", "infer", "freeze", "Unrecordable", "Spec",
+           "scratch_graph", "placeholder"]
 
 
 class Unrecordable(Exception):
@@ -346,11 +347,8 @@ def infer(op: OpDef, layout: tuple, attrs: tuple, inputs: tuple, sig: tuple) -> 
     spec = _spec_cache.get(sig)
     if spec is not None:
         return spec
-    if _graph[0] is None or _graph[1] > 2000:  # a fresh graph now and then bounds its memory
-        _graph[0], _graph[1] = tf.Graph(), 0
-    _graph[1] += 1
-    with _graph[0].as_default():
-        vals = [_placeholder(n) for n in inputs]
+    with scratch_graph():
+        vals = [placeholder(n) for n in inputs]
         out = call(op, vals, layout, attrs)
     flat = tf.nest.flatten(out)
     shapes = []
@@ -368,7 +366,17 @@ def infer(op: OpDef, layout: tuple, attrs: tuple, inputs: tuple, sig: tuple) -> 
     return spec
 
 
-def _placeholder(node) -> Any:
+def scratch_graph() -> Any:
+    """A private graph for shape inference (a fresh one now and then bounds its memory)."""
+    if _graph[0] is None or _graph[1] > 2000:
+        _graph[0], _graph[1] = tf.Graph(), 0
+    _graph[1] += 1
+    return _graph[0].as_default()
+
+
+def placeholder(node) -> Any:
+    """A stand-in for an IR node while inferring shapes: a constant for a baked ``const``,
+    else a placeholder of the node's shape and dtype."""
     if node.op == "const":
         value, dtype = node.attrs
         return value if dtype is None else tf.constant(np.array(value), dtype)

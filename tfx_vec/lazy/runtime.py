@@ -24,19 +24,24 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
 
 from . import ir, lowering, metrics
-from .errors import LazyCompileError, LazyFallbackError, LazyRecompilationError
+from .errors import LazyCompileError, LazyError, LazyFallbackError, LazyRecompilationError
 
 __all__ = ["barrier", "wait", "resolve", "configure", "clear_cache", "fallback", "user_frame",
-           "register", "mark_variable"]
+           "register", "mark_variable", "forget_variable", "on_host", "check_no_strategy"]
 
 
 class _Config:
@@ -45,6 +50,8 @@ class _Config:
     cache_size = 128                     # compiled programs kept (LRU)
     max_graph_size = 10000               # nodes recorded before an automatic barrier
     trace_cache = True                   # reuse canonical programs of repeated recordings
+    record_calls = True                  # tf.GradientTape gradients, Keras optimizer updates:
+    #                                      one node each inside lazy.device()
 
 
 CONFIG = _Config()
@@ -56,12 +63,48 @@ _last_trace: list = [None, None]              # (fingerprint, entry) of the last
 _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
 _tapes: "weakref.WeakSet" = weakref.WeakSet()  # lazy.GradientTapes that may still differentiate
+BARRIER_HOOKS: list = []      # called by every barrier that computes something
 
 
-def configure(*, fallback_error: bool | None = None, max_graphs: int | None | str = "keep",
-              cache_size: int | None = None, max_graph_size: int | None = None,
-              trace_cache: bool | None = None) -> dict:
-    """Set runtime options; returns the current settings.
+_KEEP: Any = object()   # "leave this setting as it is" (None is a value for max_graphs)
+
+
+def _checked(name: str, value: Any, kind: str) -> Any:
+    """``value`` if it is a valid setting of kind "bool", "count" (an int >= 1) or
+    "count or None"; a TypeError/ValueError naming the argument otherwise."""
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"lazy.configure({name}={value!r}): expected True or False, got "
+                            f"{type(value).__name__}")
+        return bool(value)
+    if value is None and kind == "count or None":
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        expected = "an int >= 1" + (" or None" if kind == "count or None" else "")
+        raise TypeError(f"lazy.configure({name}={value!r}): expected {expected}, got "
+                        f"{type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"lazy.configure({name}={value!r}): must be >= 1")
+    return int(value)
+
+
+def check_no_strategy(where: str) -> None:
+    """A :class:`LazyError` when a ``tf.distribute`` strategy (other than the default) is in
+    scope: the lazy runtime records one device's ops in one thread and does not replicate."""
+    if distribute_lib.has_strategy():
+        strategy = type(distribute_lib.get_strategy()).__name__
+        raise LazyError(
+            f"{where} under a tf.distribute strategy ({strategy}): tfx_vec.lazy records one "
+            "device's ops in one thread and does not replicate them.  Run the strategy's own "
+            "compiled step (strategy.run inside tf.function(jit_compile=True)) instead, or use "
+            "tfx_vec.lazy outside strategy.scope()")
+
+
+def configure(*, fallback_error: bool = _KEEP, max_graphs: int | None = _KEEP,
+              cache_size: int = _KEEP, max_graph_size: int = _KEEP,
+              trace_cache: bool = _KEEP, record_calls: bool = _KEEP) -> dict:
+    """Set runtime options (each argument checked at once; omitted ones are kept); returns the
+    current settings.
 
     Args:
         fallback_error: make every eager fallback a :class:`LazyFallbackError`
@@ -69,37 +112,46 @@ def configure(*, fallback_error: bool | None = None, max_graphs: int | None | st
         max_graphs: raise :class:`LazyRecompilationError` when more than this many programs
             have been compiled (``None`` disables the guard); counts from this call.
         cache_size: how many compiled programs the LRU cache keeps.
-        max_graph_size: recorded nodes after which a barrier cuts the trace automatically.
+        max_graph_size: recorded nodes (and variable updates) after which a barrier cuts the
+            trace automatically.
         trace_cache: reuse the canonical program of a step that recorded the same ops as an
             earlier one, skipping the graph walk at the barrier (on by default).
+        record_calls: inside ``lazy.device()``, record a ``tf.GradientTape`` gradient and a
+            Keras optimizer update as one node each, replayed by TensorFlow's and Keras' own
+            code in the compiled program (on by default); ``False`` records them op by op.
+
+    >>> configure(max_graph_size=5000)["max_graph_size"]
+    5000
+    >>> configure(max_graphs="3")
+    Traceback (most recent call last):
+    TypeError: lazy.configure(max_graphs='3'): expected an int >= 1 or None, got str
+    >>> _ = configure(max_graph_size=10000)
     """
-    if fallback_error is not None:
-        CONFIG.fallback_error = bool(fallback_error)
-    if max_graphs != "keep":
-        CONFIG.max_graphs = max_graphs
+    settings = {name: _checked(name, value, kind) for name, value, kind in (
+        ("fallback_error", fallback_error, "bool"), ("max_graphs", max_graphs, "count or None"),
+        ("cache_size", cache_size, "count"), ("max_graph_size", max_graph_size, "count"),
+        ("trace_cache", trace_cache, "bool"), ("record_calls", record_calls, "bool"))
+        if value is not _KEEP}
+    for name, value in settings.items():
+        setattr(CONFIG, name, value)
+    if "max_graphs" in settings:
         _compiled_total[0] = 0
-    if cache_size is not None:
-        if cache_size < 1:
-            raise ValueError(f"cache_size must be >= 1, got {cache_size}")
-        CONFIG.cache_size = cache_size
-        while len(_cache) > cache_size:
-            _cache.popitem(last=False)
-        while len(_traces) > cache_size:
-            _traces.popitem(last=False)
-    if max_graph_size is not None:
-        if max_graph_size < 1:
-            raise ValueError(f"max_graph_size must be >= 1, got {max_graph_size}")
-        CONFIG.max_graph_size = max_graph_size
-    if trace_cache is not None:
-        CONFIG.trace_cache = bool(trace_cache)
+    while len(_cache) > CONFIG.cache_size:
+        _cache.popitem(last=False)
+    while len(_traces) > CONFIG.cache_size:
+        _traces.popitem(last=False)
     return {"fallback_error": CONFIG.fallback_error, "max_graphs": CONFIG.max_graphs,
             "cache_size": CONFIG.cache_size, "max_graph_size": CONFIG.max_graph_size,
-            "trace_cache": CONFIG.trace_cache}
+            "trace_cache": CONFIG.trace_cache, "record_calls": CONFIG.record_calls}
 
 
 def clear_cache() -> None:
     """Drop every compiled program (the next barrier of each shape compiles again) and every
-    remembered trace."""
+    remembered trace.
+
+    >>> clear_cache(); len(_cache)
+    0
+    """
     _cache.clear()
     _traces.clear()
     _last_trace[:] = [None, None]
@@ -115,9 +167,22 @@ def register(tensor: Any) -> None:
 
 
 def mark_variable(var: Any) -> None:
-    """Note that ``var``'s value was substituted and must be written back at the barrier."""
+    """Note that ``var``'s value was substituted and must be written back at the barrier.
+
+    Updates count toward ``max_graph_size`` like recorded tensors: a loop of ``assign_*``
+    without a barrier is cut too.
+    """
     _pending_vars[id(var)] = var
     _recorded[0] += 1
+    if _recorded[0] > CONFIG.max_graph_size:
+        metrics.bump("graph_size_cuts")
+        barrier("graph size limit")
+
+
+def forget_variable(var: Any) -> None:
+    """Drop ``var``'s pending update (the variable is being destroyed)."""
+    _pending_vars.pop(id(var), None)
+    var._node = var._read
 
 
 def user_frame() -> str:
@@ -166,6 +231,20 @@ def resolve(value: Any) -> Any:
     return value
 
 
+HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Run TensorFlow ops eagerly on the host device: the barrier's program, fallbacks and
+    constants are never recorded (not even inside ``lazy.device()`` or a ``tf.function``
+    being traced)."""
+    # Not ops.init_scope(): it stops gradient recording, and the program's replay traces
+    # tf.GradientTapes of its own.
+    with context.eager_mode(), ops.device(HOST):
+        yield
+
+
 def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     """Compute all live pending tensors and pending variable updates in one compiled program.
 
@@ -173,6 +252,11 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     releases the GIL), so Python records the next step meanwhile; its results are waited for
     by the first use of one of them, a forcing point or the next barrier.
     """
+    with on_host():
+        _barrier(cause, wait_for_results)
+
+
+def _barrier(cause: str, wait_for_results: bool) -> None:
     wait()  # the running program's outputs and variable updates are this one's inputs
     live = []
     for ref in _live:
@@ -187,6 +271,8 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
     if not live and not variables:
         ir.RECORDING.reset()
         return
+    for hook in BARRIER_HOOKS:
+        hook()
     metrics.bump("barriers")
     outputs = list({id(t._node): t._node for t in live}.values())
     assigns = [(v._read, v._node) for v in variables]
@@ -288,7 +374,7 @@ def _execute(prog: ir.Program, cause: str) -> list:
         if not (first and "unsupported operations" in str(e)):
             raise LazyCompileError(f"{where} failed: {str(e).splitlines()[0]}") from e
         # An op XLA cannot compile: run this program as a plain tf.function (counted).
-        metrics.bump("fallback::no_xla")
+        metrics.count_fallback("no_xla", user_frame())
         if CONFIG.fallback_error:
             raise LazyFallbackError(f"{where}: XLA cannot compile it: "
                                     f"{str(e).splitlines()[0]}") from e
@@ -310,18 +396,39 @@ def _scalar_vector(values: list) -> tf.Tensor:
     return _last_scalars[1]
 
 
+_site_keys: dict = {}   # barrier site (cause at user line) -> the key it compiled last
+
+
+def _why(prog: ir.Program, cause: str) -> str:
+    """The recompilation cause when this barrier site compiled another program before."""
+    site = f"{cause.split(' at ')[0]} at {user_frame()}"
+    previous = _site_keys.get(site)
+    _site_keys[site] = prog.key
+    if len(_site_keys) > 1000:
+        _site_keys.clear()
+    if previous is None:
+        return ""
+    text = f"{site}: {ir.describe_change(previous, prog.key)}"
+    metrics.note_recompilation(text)
+    return text
+
+
 def _compile(prog: ir.Program, cause: str) -> Any:
+    why = _why(prog, cause)
     if CONFIG.max_graphs is not None and _compiled_total[0] >= CONFIG.max_graphs:
         raise LazyRecompilationError(
             f"recompilation storm: {_compiled_total[0]} programs compiled, max_graphs="
             f"{CONFIG.max_graphs}; this one ({ir.key_hash(prog.key)}, {len(prog.key[0])} nodes, "
-            f"cause: {cause}) was triggered at {user_frame()}.  Shapes or structure change "
-            f"every step?  Check TFX_VEC_LAZY_DEBUG=1 output, or raise lazy.configure(max_graphs=)")
+            f"cause: {cause}) was triggered at {user_frame()}"
+            f"{'; it differs from the last one there: ' + why.split(': ', 1)[1] if why else ''}"
+            ".  Check lazy.metrics_report() (recompilations) or TFX_VEC_LAZY_DEBUG=1, or "
+            "raise lazy.configure(max_graphs=)")
     _compiled_total[0] += 1
     metrics.bump("compiles")
     if os.environ.get("TFX_VEC_LAZY_DEBUG", "") not in ("", "0"):
         print(f"[tfx_vec.lazy] compile #{_compiled_total[0]}: cause={cause} "
-              f"hash={ir.key_hash(prog.key)} nodes={len(prog.key[0])} at {user_frame()}",
+              f"hash={ir.key_hash(prog.key)} nodes={len(prog.key[0])} at {user_frame()}"
+              f"{'; recompiled because ' + why if why else ''}",
               file=sys.stderr, flush=True)
     fn = lowering.build(prog.key)
     _cache[prog.key] = fn
@@ -331,8 +438,9 @@ def _compile(prog: ir.Program, cause: str) -> Any:
 
 
 def count_fallback(name: str, reason: str = "") -> None:
-    """Count an eager fallback of ``name`` (or raise, when fallbacks are errors)."""
-    metrics.bump(f"fallback::{name}")
+    """Count an eager fallback of ``name`` at the user's line (or raise, when fallbacks are
+    errors)."""
+    metrics.count_fallback(name, user_frame())
     if CONFIG.fallback_error:
         raise LazyFallbackError(
             f"tf.{name} has no lazy recording rule{(' (' + reason + ')') if reason else ''}; "
@@ -350,7 +458,8 @@ def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -
         barrier(f"fallback tf.{name}")
     flat = [_eager(x) if isinstance(x, LazyTensor) else x for x in flat]
     args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
-    out = api(*args, **kwargs)
+    with on_host():
+        out = api(*args, **kwargs)
     return tf.nest.map_structure(
         lambda x: tensor(x) if isinstance(x, tf.Tensor) and not isinstance(
             x, tf.__internal__.SymbolicTensor) else x, out)
@@ -358,11 +467,16 @@ def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -
 
 def _eager(t: Any) -> tf.Tensor:
     """The materialized value of a lazy tensor that is not pending."""
-    node = t._node
+    return _eager_value(t._node)
+
+
+def _eager_value(node: Any) -> tf.Tensor:
+    """The host value of a leaf node (data, variable, baked constant or scalar)."""
     if node.op == "data":
         return resolve(node.value)
-    if node.op == "var":
-        wait()  # an update may be in flight
-        return node.value.read_value()
-    value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
-    return tf.constant(value, dtype)
+    with on_host():
+        if node.op == "var":
+            wait()  # an update may be in flight
+            return lowering.read_variable(node.value, node.dtype)
+        value, dtype = node.attrs if node.op == "const" else (node.value, node.dtype)
+        return tf.constant(value, dtype)

@@ -41,7 +41,33 @@ __all__ = ["GradientTape"]
 
 
 class GradientTape:
-    """Records gradients lazily; the API of ``tf.GradientTape`` for lazy tensors."""
+    """``tf.GradientTape`` for the explicit lazy tensors: a gradient is recorded as one node.
+
+    Args:
+        persistent: allow several ``gradient`` calls (as ``tf.GradientTape``).
+        watch_accessed_variables: watch every trainable ``lazy.Variable`` read inside the
+            ``with`` block (as ``tf.GradientTape``); other lazy tensors need ``watch``.
+
+    ``gradient(target, sources, output_gradients=None, unconnected_gradients=NONE)`` returns
+    lazy tensors in the structure of ``sources``: ``None`` for an unconnected or unwatched
+    source (zeros with ``unconnected_gradients=tf.UnconnectedGradients.ZERO``).  Only ops
+    recorded inside the ``with`` block are differentiated; a value forced inside it (printing
+    the loss) keeps its recorded computation.  Forward and backward compile into one program:
+    the backward is TensorFlow's own ``gradient`` on the replayed forward.
+
+    Inside ``lazy.device()`` use ``tf.GradientTape`` itself (its gradients are recorded the
+    same way); this class is for ``lazy.tensor`` / ``lazy.Variable`` code.
+
+    >>> import tensorflow as tf
+    >>> from tfx_vec import lazy
+    >>> w, x = lazy.Variable([1.0, -2.0]), lazy.tensor([3.0, 4.0])
+    >>> with lazy.GradientTape() as tape:
+    ...     tape.watch(x)
+    ...     loss = tf.reduce_sum(w * w * x)
+    >>> gw, gx = tape.gradient(loss, [w, x])
+    >>> gw.numpy().tolist(), gx.numpy().tolist()
+    ([6.0, -16.0], [1.0, 4.0])
+    """
 
     def __init__(self, persistent: bool = False, watch_accessed_variables: bool = True):
         self._persistent = persistent
@@ -112,6 +138,13 @@ class GradientTape:
         t_node = self._symbolic(target._node, memo)
         ancestors = _ancestors(t_node, start, end)
         flat = _flatten(sources)
+        if not flat and any(n.op == "var" for n in ancestors):
+            raise LazyGradientError(
+                f"lazy.GradientTape.gradient with no sources, but the target depends on "
+                f"lazy.Variables (at {runtime.user_frame()}): tf.Module.variables and "
+                "trainable_variables list tf.Variables only, not lazy.Variables.  Pass the "
+                "lazy.Variables explicitly, or write the model with tf.Variable inside "
+                "`with lazy.device():` (then tf.Module, Keras and tf.GradientTape see them)")
         picked, nodes = [], []
         for k, s in enumerate(flat):
             if not isinstance(s, LazyTensor):

@@ -36,14 +36,27 @@ from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import GETITEM, OPS, OpDef, Unrecordable, _spec_cache, freeze, freeze_index, infer
 
-__all__ = ["LazyTensor", "Variable", "tensor", "value", "record"]
+__all__ = ["LazyTensor", "Variable", "tensor", "value", "force", "record", "check_assign"]
 
 _SymbolicTensor = tf.__internal__.SymbolicTensor
 _PY_NUMBER = (int, float)
 
 
 class LazyTensor:
-    """A tensor whose value is the pending computation ``_node`` (or materialized data)."""
+    """A tensor whose value is a pending computation (an IR node) or materialized data.
+
+    Made by :func:`tensor` (and :class:`Variable`); ``tf.*`` calls and Python operators on it
+    record new lazy tensors; ``.numpy()``, ``float()``, ``bool()``, printing, iteration and
+    ``lazy.to_tensor`` force it (a barrier); ``.shape``, ``.dtype``, ``len`` never do.
+
+    >>> import tensorflow as tf
+    >>> x = tensor([[1.0, -2.0]])
+    >>> y = tf.nn.relu(x) * 2.0
+    >>> y.shape, y.dtype.name
+    (TensorShape([1, 2]), 'float32')
+    >>> y.numpy().tolist()
+    [[2.0, 0.0]]
+    """
 
     __slots__ = ("_node", "__weakref__")
     __array_priority__ = 100  # numpy defers ``ndarray + lazy`` to our reflected operators
@@ -230,9 +243,11 @@ class Variable(LazyTensor):
 
     def __init__(self, initial_value: Any, dtype: tf.DType | None = None,
                  trainable: bool = True, name: str | None = None):
+        runtime.check_no_strategy("lazy.Variable()")
         if isinstance(initial_value, LazyTensor):
             initial_value = value(initial_value, "Variable()")
-        self._var = tf.Variable(initial_value, dtype=dtype, trainable=trainable, name=name)
+        with runtime.on_host():   # a host variable, also inside lazy.device()
+            self._var = tf.Variable(initial_value, dtype=dtype, trainable=trainable, name=name)
         self._trainable = self._var.trainable  # fixed; read per source by every gradient
         self._read = Node.leaf("var", self._var)
         self._node = self._read
@@ -267,11 +282,7 @@ class Variable(LazyTensor):
         return self
 
     def _check(self, n: Node, what: str) -> None:
-        if n.sig != self._read.sig:
-            raise LazyShapeError(
-                f"{what} to variable {self.name!r}: expected {self.dtype.name}"
-                f"{list(self._read.shape)}, got {n.dtype.name}{list(n.shape)} at "
-                f"{runtime.user_frame()}")
+        check_assign(self._read, n, self.name, what)
 
     def assign(self, new: Any) -> "Variable":
         """Substitute the variable's value with ``new``."""
@@ -298,10 +309,23 @@ class Variable(LazyTensor):
         return self._update("math.subtract", delta, "assign_sub")
 
     def numpy(self) -> np.ndarray:
+        """Force pending updates and return the variable's value as NumPy."""
+        if not _tf_context.context().executing_eagerly():
+            raise LazyError(f"lazy.Variable {self.name!r} read while tracing a tf.function (at "
+                            f"{runtime.user_frame()}): its value would be baked into the graph")
         if self._pending():
             runtime.barrier(".numpy()")
         runtime.wait()
         return self._var.numpy()
+
+
+def check_assign(read: Node, new: Node, name: str, what: str) -> None:
+    """A :class:`LazyShapeError` when ``new`` cannot be assigned to the variable read by
+    ``read`` (as ``tf.Variable``: no broadcasting, no casting)."""
+    if new.sig != read.sig:
+        raise LazyShapeError(
+            f"{what} to variable {name!r}: expected {read.dtype.name}{list(read.shape)}, got "
+            f"{new.dtype.name}{list(new.shape)} at {runtime.user_frame()}")
 
 
 def tensor(data: Any, dtype: tf.DType | None = None) -> LazyTensor:
@@ -313,10 +337,16 @@ def tensor(data: Any, dtype: tf.DType | None = None) -> LazyTensor:
     if isinstance(data, LazyTensor):
         return data if dtype is None or data.dtype == dtype else \
             record(OPS["cast"], (data, dtype), {})
-    t = tf.convert_to_tensor(data, dtype=dtype)
-    if isinstance(t, _SymbolicTensor):
-        raise TypeError("lazy.tensor needs an eager value, got a symbolic tf.Tensor "
-                        "(lazy tensors do not mix with tf.function tracing)")
+    runtime.check_no_strategy("lazy.tensor()")
+    if isinstance(data, tf.Tensor):
+        t = data if dtype is None else tf.cast(data, dtype)
+    else:
+        with runtime.on_host():
+            t = tf.convert_to_tensor(data, dtype=dtype)
+    if isinstance(t, _SymbolicTensor) or not _tf_context.context().executing_eagerly():
+        raise LazyError(f"lazy.tensor needs an eager value, got a symbolic tf.Tensor (at "
+                        f"{runtime.user_frame()}): lazy tensors are for eager code, not "
+                        "tf.function tracing")
     return LazyTensor(Node.leaf("data", t))
 
 
@@ -324,7 +354,16 @@ def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
     """The eager ``tf.Tensor`` value of ``t`` (forcing a barrier when it is pending)."""
     if not isinstance(t, LazyTensor):
         return tf.convert_to_tensor(t)
-    if t._pending():
+    if not _tf_context.context().executing_eagerly():
+        raise LazyError(f"{cause} of a lazy tensor while tracing a tf.function or graph (at "
+                        f"{runtime.user_frame()}): its value would be baked into the graph.  "
+                        "Pass lazy.to_tensor(x) into the function instead")
+    return force(t, cause)
+
+
+def force(t: LazyTensor, cause: str) -> tf.Tensor:
+    """The host value of ``t``, computing pending work first (a barrier)."""
+    if t._pending() and t._node.op != "var":  # a variable's current value needs no program
         metrics.bump("forced")
         runtime.barrier(cause)
     return runtime._eager(t)
@@ -353,18 +392,26 @@ def _negative_zero(v: Any) -> bool:
     return type(v) is float and v == 0.0 and math.copysign(1.0, v) < 0
 
 
-def _leaf(v: Any) -> Node | None:
-    """The node for a non-lazy tensor argument; ``None`` marks a Python number (decided later)."""
+def _leaf(v: Any, scalars: bool) -> Node | None:
+    """The node for a non-lazy tensor argument; ``None`` marks a number (decided later).
+
+    NumPy scalars (what ``.numpy()`` of a forced value gives) are numbers, never baked; so is
+    a rank-0 eager tensor in elementwise math (``scalars``), where it is data, not a shape.
+    """
     if isinstance(v, tf.Tensor):
         if isinstance(v, _SymbolicTensor):
-            raise Unrecordable("symbolic tf.Tensor argument")
+            raise LazyError(f"a lazy tensor met a symbolic tf.Tensor (at {runtime.user_frame()})"
+                            ": lazy tensors are for eager code, not tf.function tracing; "
+                            "pass lazy.to_tensor(x) into the function instead")
+        if scalars and not v.shape:
+            return Node.leaf("data", v)
         try:
             return _const(freeze(v), v.dtype)
         except Unrecordable:
             return Node.leaf("data", v)
     if isinstance(v, bool) or v is None:
         return _const(v)
-    if isinstance(v, _PY_NUMBER):
+    if isinstance(v, _PY_NUMBER) or (isinstance(v, (np.floating, np.integer)) and scalars):
         return None
     if isinstance(v, tf.Variable):
         return Node.leaf("data", v.read_value())
@@ -425,7 +472,7 @@ def _record(op: OpDef, args: tuple, kwargs: dict) -> Any:
             if main is None:
                 main = n.dtype
         else:
-            n = _leaf(v)
+            n = _leaf(v, op.scalars)
             if main is None and n is not None and n.op == "data":
                 main = n.dtype
         nodes.append(n)
@@ -460,6 +507,12 @@ def _number(v: Any, scalars: bool, main: tf.DType | None) -> Node:
     -0.0 is a parameter, not baked: it equals 0.0, so as a baked constant it would share 0.0's
     program (and cached node) and lose its sign (``1 / (x * -0.0)`` must be ``-inf``).
     """
+    if isinstance(v, np.generic):   # a forced value: a parameter even when it is 0 or 1
+        v = v.item()
+        if main is not None and (main.is_floating or main.is_complex or (
+                main.is_integer and isinstance(v, int))):
+            return Node("scalar", (), (), (), main, v)
+        return _const(v)
     if (v in (0, 1, -1) and not _negative_zero(v)) or not scalars or main is None or not (
             main.is_floating or main.is_complex or (main.is_integer and isinstance(v, int))):
         return _const(v)

@@ -1,9 +1,19 @@
-"""Compilation cache for tuned TC kernels (paper §6.1), stored as JSON.
+"""tc_ops' on-disk caches: one private directory, and the JSON cache of tuned kernels.
 
+**The directory.** Every cache of tfx_vec lives under :func:`cache_root`: ``$TFX_VEC_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/tfx_vec``, else ``~/.cache/tfx_vec`` (compiled kernels in ``kernels/``,
+the TF op libraries in ``ops/``, PTX in ``ptx/``, build scratch space in ``tmp/``).
+:func:`private_dir` creates each directory with mode 0700 and refuses (``TcSecurityError``) one
+that is a symbolic link, is owned by another user, or that others can write, and one below a
+parent that another user owns or can write without the sticky bit (someone could swap it).  A
+directory of ours readable by others is made 0700.  What is stored there and how it is trusted
+is :mod:`tfx_vec.tc_ops.native`'s business.
+
+**Tuned kernels** (paper §6.1), stored as JSON in a file the user names.
 A key is (canonical TC with names templated, input shapes and dtypes, backend, device name,
 tfx_vec version); each key keeps its best ``k`` entries (options + measured runtime + the
-generated source), best first.  Never pickle, never a binary: what is cached is text that the
-backends compile (and the compiled-kernel layer checks a binary against its source).
+generated source), best first.  Never pickle, never a binary: only the options of an entry are
+ever used (validated by ``MappingOptions``); its source is kept for the reader, never compiled.
 
 Writes are atomic (tempfile in the same directory + ``os.replace``) and serialised between
 processes with an advisory ``fcntl`` lock on ``<path>.lock`` (read-modify-write), so two processes
@@ -18,6 +28,8 @@ Example::
     >>> c.record(key, {"tile": [4]}, 1e-3)
     >>> c.best(key).options
     {'tile': [4]}
+    >>> oct(os.stat(private_dir("kernels")).st_mode & 0o777)
+    '0o700'
 """
 from __future__ import annotations
 
@@ -28,24 +40,116 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-__all__ = ["cache_root", "canonical_tc", "CacheKey", "CacheEntry", "CompilationCache",
-           "CacheWarning"]
+from .errors import TcSecurityError
+
+__all__ = ["cache_root", "private_dir", "check_private_file", "canonical_tc", "CacheKey",
+           "CacheEntry", "CompilationCache", "CacheWarning"]
 
 FORMAT = "tfx_vec.tc_ops.cache"
 FORMAT_VERSION = 1
 
 
 def cache_root() -> str:
-    """Directory of tfx_vec's on-disk caches: ``$TFX_VEC_CACHE_DIR`` or ``~/.cache/tfx_vec``."""
-    root = os.environ.get("TFX_VEC_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tfx_vec")
-    os.makedirs(root, exist_ok=True)
-    return root
+    """The private directory of every tfx_vec cache (see the module docstring)."""
+    return str(private_dir())
+
+
+def _default_root() -> str:
+    env = os.environ.get("TFX_VEC_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tfx_vec")
+
+
+_LEGACY_WARNED = False
+
+
+def _warn_legacy_setting() -> None:
+    global _LEGACY_WARNED
+    if os.environ.get("TFX_VEC_TC_CACHE_DIR") and not _LEGACY_WARNED:
+        _LEGACY_WARNED = True
+        warnings.warn("TFX_VEC_TC_CACHE_DIR is no longer read: compiled TC kernels go to "
+                      "$TFX_VEC_CACHE_DIR/kernels with every other tfx_vec cache; unset it and "
+                      "set TFX_VEC_CACHE_DIR to move the caches", CacheWarning, stacklevel=3)
+
+
+def private_dir(*parts: str, root: str | os.PathLike | None = None) -> Path:
+    """``<cache root>/<parts...>``, each level created with mode 0700 and checked private.
+
+    Raises TcSecurityError (naming the directory and how to fix it) for a symbolic link, a
+    directory another user owns or others can write, or an unsafe parent.
+    """
+    _warn_legacy_setting()
+    top = Path(os.path.abspath(os.fspath(root) if root is not None else _default_root()))
+    parent = Path(os.path.realpath(top.parent))
+    _check_parents(parent, top)
+    path = parent / top.name
+    _ensure_private(path)
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part or "\0" in part:
+            raise TcSecurityError(f"tc_ops cache: bad directory name {part!r}")
+        path = path / part
+        _ensure_private(path)
+    return path
+
+
+def _check_parents(parent: Path, top: Path) -> None:
+    """Every existing ancestor is ours or root's and not writable by others (unless sticky,
+    as /tmp is); missing ones are created 0700."""
+    missing = []
+    p = parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for q in [p, *p.parents]:
+        st = os.stat(q)
+        if st.st_uid not in (0, os.getuid()):
+            raise TcSecurityError(f"tc_ops cache: {top} lies below {q}, which user {st.st_uid} "
+                                  "owns; set TFX_VEC_CACHE_DIR to a directory of your own")
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise TcSecurityError(f"tc_ops cache: {top} lies below {q}, which everyone can "
+                                  "write (and it has no sticky bit); set TFX_VEC_CACHE_DIR to a "
+                                  "directory of your own")
+    for q in reversed(missing):
+        _ensure_private(q)
+
+
+def _ensure_private(path: Path) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    fix = "remove it or set TFX_VEC_CACHE_DIR to another directory"
+    if stat.S_ISLNK(st.st_mode):
+        raise TcSecurityError(f"tc_ops cache: {path} is a symbolic link; cache directories are "
+                              f"never followed through links ({fix})")
+    if not stat.S_ISDIR(st.st_mode):
+        raise TcSecurityError(f"tc_ops cache: {path} is not a directory ({fix})")
+    if st.st_uid != os.getuid():
+        raise TcSecurityError(f"tc_ops cache: {path} is owned by user {st.st_uid}, not by you "
+                              f"({fix})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise TcSecurityError(f"tc_ops cache: {path} can be written by other users (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}); run chmod 700 {path} or {fix}")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def check_private_file(fd: int, path: str | os.PathLike) -> os.stat_result:
+    """fstat of an open cache file: a regular file of ours that no one else can write."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or \
+            st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise TcSecurityError(f"tc_ops cache: {path} is not a regular file of yours that only "
+                              "you can write; remove it")
+    return st
 
 
 class CacheWarning(UserWarning):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["Span", "TcError", "TcSyntaxError", "TcNameError", "TcTypeError", "TcSemanticError",
-           "TcRangeError", "TcShapeError", "TcOptionsError", "TcCompileError", "TcBackendError"]
+           "TcRangeError", "TcShapeError", "TcOptionsError", "TcCompileError", "TcBackendError",
+           "TcSecurityError"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,3 +127,8 @@ class TcCompileError(TcError):
 
 class TcBackendError(TcError):
     """A backend is unknown or unavailable on this machine."""
+
+
+class TcSecurityError(TcError):
+    """Something tc_ops refuses to trust: a cache directory or key file that another user owns
+    or can write, a symbolic link where a cache entry or directory should be (see SECURITY.md)."""

@@ -11,8 +11,9 @@ the same backend, so a model trains with ``fit()``.  Layers serialise with ``get
 Ready layers: :class:`FusedMLP` (fcrelu chain, paper §7), :class:`GroupedConv` (the grouped
 convolution of appendix A.4.3) and :class:`EmbeddingBag` (the paper's LUT).
 
-Kernels are compiled per static shape: keep the batch size fixed (``drop_remainder`` /
-a dataset size divisible by the batch) so Keras never traces with an unknown batch.
+Dimensions unknown when Keras traces (the batch) are fine: the op makes and caches a kernel per
+concrete size on first use, so ``fit`` with a partial last batch and ``predict`` on any batch
+size work, and a reloaded ``.keras`` model rebuilds its kernels from the TC in its config.
 
 Example::
 
@@ -31,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .op_builder import output_specs
 from .options import MappingOptions
 from .tf_op import TcFunction
 
@@ -123,30 +125,13 @@ class TcLayer(keras.layers.Layer):
         return outs if self.output_index is None else outs[self.output_index]
 
     def compute_output_spec(self, inputs: Any) -> Any:
-        """Output shapes from range inference; unknown (batch) sizes stay unknown."""
-        from .lang.ranges import infer_ranges
-        from .lang.types import np_dtype
-
-        specs = self._as_list(inputs)
-        shapes = [tuple(s.shape) for s in specs]
-        weights = {n: tuple(w.shape) for n, w in self.tc_weights.items()}
-
-        def infer(fill: int) -> list[tuple[int, ...]]:
-            concrete = {n: tuple(fill if d is None else d for d in s)
-                        for n, s in zip(self.input_names, shapes)}
-            concrete.update(weights)
-            tensor_params = {p.name for p in self.fn.cdef.inputs if not p.is_scalar}
-            r = infer_ranges(self.fn.cdef, {k: v for k, v in concrete.items()
-                                            if k in tensor_params}, {},
-                             {n: (0, 0) for n in _index_inputs(self.fn.cdef)})
-            return [r.shapes[n] for n in self.fn.cdef.outputs]
-
-        a, b = infer(2), infer(3)
-        outs = []
-        for name, sa, sb in zip(self.fn.cdef.outputs, a, b):
-            shape = tuple(x if x == y else None for x, y in zip(sa, sb))
-            dtype = str(np.dtype(np_dtype(self.fn.cdef.tensors[name].dtype)))
-            outs.append(keras.KerasTensor(shape, dtype=dtype))
+        """Output shapes from range inference (as the op computes them); unknown (batch) sizes
+        stay unknown."""
+        shapes = dict(zip(self.input_names, (tuple(s.shape) for s in self._as_list(inputs))))
+        shapes.update({n: tuple(w.shape) for n, w in self.tc_weights.items()})
+        cdef = self.fn.cdef
+        specs = output_specs(cdef, [shapes.get(p.name) for p in cdef.inputs], {})
+        outs = [keras.KerasTensor(shape, dtype=str(np.dtype(_np_dtype(t)))) for shape, t in specs]
         return outs if self.output_index is None else outs[self.output_index]
 
     def get_config(self) -> dict:
@@ -162,11 +147,6 @@ class TcLayer(keras.layers.Layer):
 def _np_dtype(t: str):
     from .lang.types import np_dtype
     return np_dtype(t)
-
-
-def _index_inputs(cdef) -> tuple[str, ...]:
-    from .api import _index_inputs as f
-    return f(cdef)
 
 
 def _mlp_source(n_layers: int) -> tuple[str, dict]:

@@ -1,121 +1,131 @@
 """A Tensor Comprehension as a real TensorFlow op, on the CPU or on a GPU.
 
-One generic op library (``tf_op/tc_kernel_op.cc``) is compiled once against TensorFlow's own
-headers (``tf.sysconfig`` flags), cached under :func:`tfx_vec.tc_ops.cache.cache_root` (rebuilt
-when its source, TF version or flags change) and loaded with ``tf.load_op_library``.  Its op,
-``TcKernel``, carries the kernel's C source and hash as attributes; at graph construction it
-compiles (or finds in the cache) the shared object, dlopens it and later calls
-``tc_<entry>(void* const* args)`` on the tensors' buffers, inputs then outputs.  No Python runs
-when the op executes, so it works in eager, in ``tf.function``, in Keras models and after a
-SavedModel reload (load the library first: :func:`load_op_library`).
+A graph carries a TC, never code.  The op ``TcKernel`` (``tf_op/tc_kernel_op.cc``) holds the
+TC's source text, the def to run, its mapping options (JSON) and the input/output shapes known
+when the graph was built (``None`` dimensions allowed).  For each tuple of concrete input shapes
+it asks the *builder* (:mod:`tfx_vec.tc_ops.op_builder`, this process's TC compiler, registered
+when :func:`load_op_library` loads the op library) for a kernel: the request is checked like
+any untrusted input, C is generated from the TC, compiled with the locally configured compiler
+into the signed private cache (:mod:`tfx_vec.tc_ops.native`) and called on the tensors' buffers,
+outputs zero-filled first.  So the op works in eager, in ``tf.function``, in Keras models with
+an unknown batch size (a kernel per size, made on first use) and after a SavedModel reload on
+another machine with an empty cache (:func:`load_saved_model`, or :func:`load_op_library`
+before ``tf.saved_model.load``), and a crafted graph can make it run nothing but our compiler's
+output for some TC: see SECURITY.md.
 
 Its GPU twin, ``TcCudaKernel`` (``tf_op/tc_cuda_kernel_op.cc``, its own library built with
-``-DGOOGLE_CUDA=1`` and CUDA's ``cuda.h``: :func:`load_cuda_op_library`), carries the PTX of the
-cuda backend's kernels (``nvcc --ptx``), their names and the mapping's grid/block sizes; its
-``DEVICE_GPU`` kernel loads the module with the CUDA driver API (resolved with
-``dlopen("libcuda.so.1")``, so the library loads where there is no driver) and launches the
-kernels on TF's own stream on the tensors' device memory: inputs, outputs, then TC temporaries.
-It has no CPU kernel, and TcKernel no GPU kernel, so the placer never mixes them up.
+``-DGOOGLE_CUDA=1`` and CUDA's ``cuda.h``: :func:`load_cuda_op_library`), carries the same
+attributes; the builder maps the TC to the GPU, prints CUDA, makes PTX with the local nvcc, and
+the op launches the kernels with the CUDA driver API (``dlopen("libcuda.so.1")``, so the library
+loads where there is no driver) on TF's own stream on the tensors' device memory.  It has no CPU
+kernel, and TcKernel no GPU kernel, so the placer never mixes them up.
 
-Stages: :func:`load_op_library` / :func:`load_cuda_op_library` (build/load a library) →
-:func:`kernel_op` / :func:`cuda_kernel_op` (one op on an ABI-conforming C source / a
-:class:`CudaLaunchSpec`) → :class:`TcFunction` (a TC entry point on ``backend="cpu"`` or
-``"cuda"``, with a gradient from backward TCs registered on both op types).
+Stages: :func:`load_op_library` / :func:`load_cuda_op_library` (build, verify, load a library;
+register the builder) -> :func:`kernel_op` / :func:`cuda_kernel_op` (one op running a TC entry)
+-> :class:`TcFunction` (a TC entry point on ``backend="cpu"`` or ``"cuda"``, with a gradient from
+backward TCs registered on both op types).
 
 Example::
 
     import numpy as np, tensorflow as tf
     from tfx_vec.tc_ops import tf_op
-    src = '''
-    void tc_axpy(void* const* a) {
-      const float* x = (const float*)a[0]; float* y = (float*)a[1];
-      for (int i = 0; i < 4; ++i) y[i] = 2.0f * x[i] + 1.0f;
-    }'''
-    (y,) = tf_op.kernel_op([tf.ones([4])], source=src, entry="axpy",
-                           output_shapes=[(4,)], output_dtypes=[tf.float32])
+    AXPY = "def axpy(float(N) X) -> (Y) { Y(i) = 2 * X(i) + 1 }"
+    (y,) = tf_op.kernel_op([tf.ones([4])], tc=AXPY, entry="axpy")   # [3. 3. 3. 3.]
 """
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import functools
-import glob
-import hashlib
+import json
 import os
-import subprocess
-import tempfile
 import threading
 from typing import Sequence
 
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
-from .cache import cache_root
+from . import native, op_builder
+from .errors import TcBackendError, TcCompileError, TcOptionsError, TcShapeError
+from .grad import backward_tc
+from .lang.types import canonical, np_dtype
+from .op_builder import DEFAULT_CUDA_ARCH, CudaLaunchSpec, OpRequest, cuda_ptx
+from .options import MappingOptions
 
-__all__ = ["load_op_library", "kernel_op", "source_hash", "DEFAULT_C_FLAGS", "OpLibraryError",
-           "TcFunction", "tc_function", "load_cuda_op_library", "cuda_kernel_op", "cuda_ptx",
-           "cuda_include_dir", "cuda_op_library_path", "CudaLaunchSpec", "require_gpu",
-           "DEFAULT_CUDA_ARCH"]
+__all__ = ["load_op_library", "kernel_op", "OpLibraryError", "TcFunction", "tc_function",
+           "load_cuda_op_library", "cuda_kernel_op", "cuda_ptx", "cuda_include_dir",
+           "cuda_op_library_path", "CudaLaunchSpec", "require_gpu", "DEFAULT_CUDA_ARCH",
+           "load_saved_model"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_kernel_op.cc")
-DEFAULT_C_FLAGS = "-O3 -march=native -fopenmp -fPIC -shared -lm"
+_CUDA_OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_cuda_kernel_op.cc")
 
 _lock = threading.Lock()
 _library = None
+_cuda_library = None
 
 
 class OpLibraryError(RuntimeError):
     """The generic TC op library could not be built or loaded."""
 
 
-def _op_library_path(name: str, source: str, extra_flags: Sequence[str] = ()
-                     ) -> tuple[str, list[str]]:
-    """(cached .so path, g++ command with ``{OUT}`` for the output) of one op library.
-
-    The path hashes the op source, the headers next to it, TF's version and every flag, so a
-    change to any of them builds a new library.
-    """
-    texts = []
-    for path in [source] + sorted(glob.glob(os.path.join(_HERE, "tf_op", "*.h"))):
-        with open(path, "rb") as f:
-            texts.append(f.read())
-    cflags, lflags = tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
-    flags = [*extra_flags, *cflags]
-    digest = hashlib.sha256(
-        b"\0".join([*texts, tf.__version__.encode(), " ".join(flags + lflags).encode()])
-    ).hexdigest()[:20]
-    out = os.path.join(cache_root(), "ops", f"{name}-{digest}.so")
-    cmd = ["g++", "-O2", "-fPIC", "-shared", *flags, source, "-o", "{OUT}", *lflags, "-ldl"]
-    return out, cmd
+# -- the builder hook: how an op asks this process for a kernel ---------------------------------
+_ReplyWriter = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+_Builder = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                            _ReplyWriter)
 
 
-def _build_and_load(out: str, cmd: list[str], what: str, keep_log: bool = False):
-    """``tf.load_op_library`` of ``out``, first building it with ``cmd`` when missing (with
-    ``keep_log``, the compiler's messages go to ``out + ".log"``)."""
-    if not os.path.exists(out) or (keep_log and not os.path.exists(out + ".log")):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
-        os.close(fd)
-        cmd = [tmp if c == "{OUT}" else c for c in cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            os.unlink(tmp)
-            raise OpLibraryError(
-                f"building the {what} op library failed:\n{' '.join(cmd)}\n{proc.stderr}")
-        if keep_log:
-            with open(out + ".log", "w") as f:
-                f.write(f"{' '.join(cmd)}\n{proc.stderr}")
-        os.replace(tmp, out)  # atomic: a concurrent builder's result is equivalent
+def _serve(request: int, size: int, reply: int, write) -> int:
     try:
-        return tf.load_op_library(out)
-    except Exception as e:  # a truncated/foreign file: rebuild once
-        os.unlink(out)
-        raise OpLibraryError(f"loading {out} failed ({e}); removed it, call again") from e
+        answer = op_builder.serve(ctypes.string_at(request, size))
+        write(reply, answer, len(answer))
+        return 0
+    except BaseException:  # noqa: BLE001 - never unwind into the op; it reports rc != 0
+        return 1
+
+
+_BUILDER = _Builder(_serve)   # kept alive for the life of the process
+
+
+# -- op libraries -------------------------------------------------------------------------------
+def _op_library(name: str, source: str, extra_flags: Sequence[str] = (), keep_log: bool = False
+                ) -> native.Artifact:
+    """One op library, built with ``$CXX`` and TF's flags into the signed cache (rebuilt when
+    its source, headers, TF's version, the flags or the compiler change)."""
+    headers = {}
+    folder = os.path.join(_HERE, "tf_op")
+    for h in sorted(os.listdir(folder)):
+        if h.endswith(".h"):
+            with open(os.path.join(folder, h)) as f:
+                headers[f"header {h}"] = f.read()
+    with open(source) as f:
+        text = f.read()
+    flags = ["-O2", "-fPIC", "-shared", f"-I{folder}", *extra_flags,
+             *tf.sysconfig.get_compile_flags()]
+    try:
+        return native.compile_source(
+            "ops", name, text, flags, setting="CXX", source_suffix=".cc",
+            libs=(*tf.sysconfig.get_link_flags(), "-ldl"), keep_log=keep_log,
+            depends={**headers, "tensorflow": tf.__version__},
+            what=f"building the {name} op library")
+    except TcCompileError as e:
+        raise OpLibraryError(e.message) from e
+
+
+def _load(artifact: native.Artifact):
+    """``tf.load_op_library`` of the verified library, with the builder registered in it."""
+    with native.loadable_copy(artifact) as path:
+        lib = tf.load_op_library(path)
+        ctypes.CDLL(path).tfx_vec_tc_set_builder(_BUILDER)   # the same handle as TF's
+    return lib
 
 
 def load_op_library():
-    """Build (once, cached on disk) and load the generic ``TcKernel`` op library.
+    """Build (once, cached and signed on disk) and load the ``TcKernel`` op library, and
+    register this process's TC compiler as its builder.
 
-    Returns the module of ``tf.load_op_library``; its ``tc_kernel`` is the raw op.
+    Returns the module of ``tf.load_op_library``; its ``tc_kernel`` is the raw op.  Call it
+    before loading a graph or SavedModel holding TcKernel ops (or use :func:`load_saved_model`).
 
     >>> lib = load_op_library(); callable(lib.tc_kernel)
     True
@@ -123,36 +133,38 @@ def load_op_library():
     global _library
     with _lock:
         if _library is None:
-            _library = _build_and_load(*_op_library_path("tc_kernel_op", _OP_SOURCE), "TcKernel")
+            _library = _load(_op_library("tc_kernel_op", _OP_SOURCE))
         return _library
-
-
-# -- the GPU op: TcCudaKernel -------------------------------------------------------------
-_CUDA_OP_SOURCE = os.path.join(_HERE, "tf_op", "tc_cuda_kernel_op.cc")
-_cuda_library = None
-#: The virtual architecture PTX is generated for: the oldest CUDA 12/13's nvcc both accept, so
-#: the driver JIT-compiles it for any newer GPU (sm_80, sm_90, ...).
-DEFAULT_CUDA_ARCH = "compute_75"
 
 
 def cuda_include_dir() -> str | None:
     """The CUDA toolkit's include directory holding ``cuda.h`` (``$CUDA_HOME``, ``$CUDA_PATH``,
     ``/usr/local/cuda``, then next to ``nvcc``), or None."""
-    from .backends.cuda import nvcc_path
-
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = nvcc_path()
+    nvcc = native.tool("NVCC", required=False)
     if nvcc is not None:
-        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc[0]))))
     for root in roots:
         if root and os.path.exists(os.path.join(root, "include", "cuda.h")):
             return os.path.join(root, "include")
     return None
 
 
+def _cuda_op_artifact() -> native.Artifact:
+    inc = cuda_include_dir()
+    if inc is None:
+        raise OpLibraryError(
+            "the TcCudaKernel op library needs cuda.h from a CUDA toolkit (set CUDA_HOME); none "
+            "was found in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda or next to nvcc")
+    # Warnings on: the build log (kept next to the library) shows whether our code has any.
+    return _op_library("tc_cuda_kernel_op", _CUDA_OP_SOURCE,
+                       ["-DGOOGLE_CUDA=1", f"-I{inc}", "-Wall", "-Wextra"], keep_log=True)
+
+
 def load_cuda_op_library():
-    """Build (once, cached) and load the ``TcCudaKernel`` op library: the GPU kernel of the
-    generic op, compiled with ``-DGOOGLE_CUDA=1`` against TF's headers and CUDA's ``cuda.h``.
+    """Build (once, cached and signed) and load the ``TcCudaKernel`` op library: the GPU kernel
+    of the TC op, compiled with ``-DGOOGLE_CUDA=1`` against TF's headers and CUDA's ``cuda.h``,
+    with this process's TC compiler registered as its builder.
 
     It resolves the CUDA driver at run time (``dlopen("libcuda.so.1")``), so it builds and loads
     on a machine without a driver or GPU too (where TensorFlow has no GPU device to run it on).
@@ -170,127 +182,52 @@ def load_cuda_op_library():
             if not tf.test.is_built_with_cuda():
                 raise OpLibraryError("the TcCudaKernel op library needs a TensorFlow built with "
                                      "CUDA; this one is not")
-            inc = cuda_include_dir()
-            if inc is None:
-                raise OpLibraryError(
-                    "the TcCudaKernel op library needs cuda.h from a CUDA toolkit (set "
-                    "CUDA_HOME); none was found in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda or "
-                    "next to nvcc")
-            out, cmd = _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE,
-                                        _cuda_op_flags(inc))
-            _cuda_library = _build_and_load(out, cmd, "TcCudaKernel", keep_log=True)
+            _cuda_library = _load(_cuda_op_artifact())
         return _cuda_library
 
 
-def _cuda_op_flags(cuda_include: str) -> list[str]:
-    # Warnings on: the build log (kept next to the library) shows whether our code has any.
-    return ["-DGOOGLE_CUDA=1", f"-I{cuda_include}", "-Wall", "-Wextra"]
-
-
 def cuda_op_library_path() -> str:
-    """Where :func:`load_cuda_op_library` builds the library (its log: the same + ``.log``)."""
-    inc = cuda_include_dir()
-    if inc is None:
-        raise OpLibraryError("no cuda.h found (set CUDA_HOME)")
-    return _op_library_path("tc_cuda_kernel_op", _CUDA_OP_SOURCE, _cuda_op_flags(inc))[0]
+    """Where :func:`load_cuda_op_library` caches the library (its build log: that + ``.log``)."""
+    return str(_cuda_op_artifact().path)
 
 
-@functools.lru_cache(maxsize=None)
-def _nvcc_version(nvcc: str) -> str:
-    proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
-    return f"{os.path.realpath(nvcc)}\n{proc.stdout}"
+def load_saved_model(path: str, **kwargs):
+    """``tf.saved_model.load(path, **kwargs)`` after loading the op libraries its graphs use.
 
-
-def cuda_ptx(source: str, arch: str = DEFAULT_CUDA_ARCH) -> str:
-    """PTX of a CUDA source (``nvcc --ptx -arch=<arch>``), cached on disk by source and arch.
-
-    Raises TcBackendError without nvcc, TcCompileError with nvcc's output when it fails.
-
-    Example::
-
-        ptx = cuda_ptx('extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1; }')
-        assert ".entry k(" in ptx
+    The documented way to load a model holding TC ops, on any machine: nothing in the model is
+    executed as code; each op's kernel is generated here from the TC it carries (built into an
+    empty cache the first time it runs).
     """
-    from .backends.cuda import nvcc_path
-    from .errors import TcBackendError, TcCompileError
-
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise TcBackendError("backend 'cuda': making PTX for the TcCudaKernel op needs nvcc, "
-                             "which is not on PATH")
-    # The nvcc version is in the key: PTX from another toolkit has another PTX ISA version,
-    # which decides the oldest driver that can load it.
-    key = hashlib.sha256("\0".join([source, arch, _nvcc_version(nvcc), "ptx1"]).encode()
-                         ).hexdigest()[:32]
-    path = os.path.join(cache_root(), "ptx", f"{key}.ptx")
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tfx_vec_ptx_") as d:
-        src, ptx = os.path.join(d, "kernel.cu"), os.path.join(d, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(source)
-        proc = subprocess.run([nvcc, "--ptx", f"-arch={arch}", src, "-o", ptx],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise TcCompileError(f"nvcc --ptx -arch={arch} failed:\n{proc.stderr}{proc.stdout}"
-                                 f"\n--- source ---\n{source}")
-        with open(ptx) as f:
-            text = f.read()
-    fd, tmp = tempfile.mkstemp(suffix=".ptx", dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return text
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        model = saved_model_pb2.SavedModel.FromString(f.read())
+    ops = {n.op for mg in model.meta_graphs for n in mg.graph_def.node}
+    ops |= {n.op for mg in model.meta_graphs for fd in mg.graph_def.library.function
+            for n in fd.node_def}
+    load_op_library()
+    if "TcCudaKernel" in ops:
+        load_cuda_op_library()
+    return tf.saved_model.load(path, **kwargs)
 
 
-@dataclasses.dataclass(frozen=True)
-class CudaLaunchSpec:
-    """Everything a ``TcCudaKernel`` op carries: the module and how to launch it.
+# -- one op -------------------------------------------------------------------------------------
+def kernel_op(inputs: Sequence, *, tc: str, entry: str, options: MappingOptions | None = None,
+              derivative: Sequence[str] = (), grad_key: str = "") -> list[tf.Tensor]:
+    """Run def ``entry`` of the TC source ``tc`` as one ``TcKernel`` op on ``inputs``.
 
-    ``kernels`` are launched in order on TF's stream, kernel ``k`` with ``grid[k]`` blocks of
-    ``block[k]`` threads (x, y, z), each taking one device pointer per buffer: the inputs, the
-    outputs, then one scratch buffer of ``temp_bytes[i]`` bytes per TC temporary.
+    Inputs may have dimensions unknown when the graph is built (``None``): the op makes a kernel
+    for each concrete shape it meets.  Int scalars that size or index tensors must be constants.
+    With ``derivative`` (input names) the op runs the TC's backward TC with respect to them,
+    derived at each run's shapes, on the forward's inputs followed by one gradient per output.
+    Returns the list of output tensors (their static shapes from range inference).
+
+    Raises a TcError subclass for a bad TC or call (input count, dtypes, sizes).
     """
-
-    entry: str
-    source: str                       # the generated CUDA
-    module: str                       # its PTX
-    kernels: tuple[str, ...]
-    grid: tuple[tuple[int, int, int], ...]
-    block: tuple[tuple[int, int, int], ...]
-    temp_bytes: tuple[int, ...]
-    output_shapes: tuple[tuple[int, ...], ...]
-    output_dtypes: tuple[tf.DType, ...]
-
-    @classmethod
-    def from_kernel(cls, kernel, arch: str = DEFAULT_CUDA_ARCH) -> "CudaLaunchSpec":
-        """From a :class:`~tfx_vec.tc_ops.backends.cuda.CudaKernel` (source, launches, buffers)."""
-        import numpy as np
-
-        def pad3(t) -> tuple[int, int, int]:
-            t = tuple(int(x) for x in t)
-            return t + (1,) * (3 - len(t))
-
-        grid, block = [], []
-        for ln in kernel.launches:
-            grid.append(pad3(g // b for g, b in zip(ln.global_size, ln.local_size)))
-            block.append(pad3(ln.local_size))
-        return cls(
-            entry=kernel.spec.cdef.name, source=kernel.source, module=cuda_ptx(kernel.source, arch),
-            kernels=tuple(ln.kernel for ln in kernel.launches), grid=tuple(grid),
-            block=tuple(block),
-            temp_bytes=tuple(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-                             for s, d in kernel.temps),
-            output_shapes=tuple(tuple(int(x) for x in s) for s, _ in kernel.outputs),
-            output_dtypes=tuple(tf.as_dtype(d) for _, d in kernel.outputs))
+    lib = _library or load_op_library()
+    return _op(lib.tc_kernel, "TcKernel", inputs, tc, entry, options, derivative, grad_key)
 
 
 def require_gpu() -> None:
     """TcBackendError unless TensorFlow sees a GPU (the only place ``TcCudaKernel`` runs)."""
-    from .errors import TcBackendError
-
     if not tf.config.list_physical_devices("GPU"):
         why = ("this TensorFlow is not built with CUDA" if not tf.test.is_built_with_cuda()
                else "no CUDA driver or no GPU")
@@ -300,60 +237,83 @@ def require_gpu() -> None:
             "generate and inspect the kernel without one.")
 
 
-def cuda_kernel_op(inputs: Sequence, spec: CudaLaunchSpec, *, grad_key: str = ""
-                   ) -> list[tf.Tensor]:
-    """Launch ``spec``'s kernels as one ``TcCudaKernel`` op on the inputs (placed on a GPU).
+def cuda_kernel_op(inputs: Sequence, *, tc: str, entry: str,
+                   options: MappingOptions | None = None, cuda_arch: str = DEFAULT_CUDA_ARCH,
+                   derivative: Sequence[str] = (), grad_key: str = "") -> list[tf.Tensor]:
+    """Run def ``entry`` of ``tc`` as one ``TcCudaKernel`` op (placed on a GPU).
 
     Raises TcBackendError where TensorFlow has no GPU (checked first: the op has no CPU kernel).
 
     Example::
 
-        f = TcFunction(TMM, "tmm", backend="cuda")
-        (C,) = cuda_kernel_op([A, B], f.cuda_spec(A, B))   # what f(A, B) does, minus the gradient
+        (C,) = cuda_kernel_op([A, B], tc=TMM, entry="tmm")
     """
     require_gpu()
     lib = _cuda_library or load_cuda_op_library()
+    return _op(lib.tc_cuda_kernel, "TcCudaKernel", inputs, tc, entry, options, derivative,
+               grad_key, cuda_arch=cuda_arch)
+
+
+def _op(raw_op, op: str, inputs: Sequence, tc: str, entry: str,
+        options: MappingOptions | None, derivative: Sequence[str], grad_key: str,
+        **extra) -> list[tf.Tensor]:
     inputs = [tf.convert_to_tensor(x) for x in inputs]
-    return lib.tc_cuda_kernel(
-        inputs=inputs, Tout=list(spec.output_dtypes),
-        input_shapes=[tuple(x.shape) for x in inputs],
-        output_shapes=list(spec.output_shapes), entry=spec.entry, module=spec.module,
-        kernels=list(spec.kernels),
-        grid=[x for g in spec.grid for x in g], block=[x for b in spec.block for x in b],
-        temp_bytes=list(spec.temp_bytes), grad_key=grad_key)
+    cdef = op_builder.checked_def(tc, entry)
+    if options is not None and not isinstance(options, MappingOptions):
+        raise TcOptionsError(f"{entry}: options must be a tc.MappingOptions, got "
+                             f"{type(options).__name__}")
+    options_json = "" if options is None else options.to_json()   # "": the TC's defaults
+    derivative_json = json.dumps(list(derivative)) if derivative else ""
+    dtypes = tuple(x.dtype.name for x in inputs)
+    shapes = tuple(None if x.shape.rank is None else tuple(x.shape.as_list()) for x in inputs)
+    scalars = json.dumps(_static_scalars(cdef, inputs), sort_keys=True)
+    out_shapes, out_dtypes = _signature(op, tc, entry, options_json, scalars, dtypes, shapes,
+                                        extra.get("cuda_arch", DEFAULT_CUDA_ARCH),
+                                        derivative_json)
+    return raw_op(inputs=inputs, Tout=list(out_dtypes), tc=tc, entry=entry, options=options_json,
+                  scalars=scalars, derivative=derivative_json,
+                  input_shapes=[tf.TensorShape(s) for s in shapes],
+                  output_shapes=[tf.TensorShape(s) for s in out_shapes], grad_key=grad_key,
+                  **extra)
 
 
-def source_hash(source: str, compiler: str, flags: str) -> str:
-    """The hash naming a kernel's shared object: it covers the source, compiler and flags."""
-    h = hashlib.sha256("\0".join([source, compiler, flags]).encode()).hexdigest()
-    return "k" + h[:32]
+def _static_scalars(cdef, inputs: list[tf.Tensor]) -> dict[str, int]:
+    scalars = {}
+    for p, x in zip(cdef.inputs, inputs):
+        if p.name in cdef.structural_scalars:
+            v = tf.get_static_value(x)
+            if v is None:
+                raise TcShapeError(f"{cdef.name}: scalar {p.name} sizes or indexes tensors, so "
+                                   "it must be a constant")
+            scalars[p.name] = int(v)
+    return scalars
 
 
-def kernel_op(inputs: Sequence, *, source: str, entry: str,
-              output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence,
-              compiler: str = "cc", flags: str = DEFAULT_C_FLAGS,
-              hash_: str | None = None, grad_key: str = "") -> list[tf.Tensor]:
-    """Run the compiled C kernel ``tc_<entry>`` of ``source`` as one ``TcKernel`` op.
+@functools.lru_cache(maxsize=1024)
+def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
+               dtypes: tuple[str, ...], shapes: tuple, cuda_arch: str, derivative: str) -> tuple:
+    """(output shapes, output dtypes) of one call, checked as the op will check it; when every
+    shape is known the kernel is built now, so a bad call is a TcError here, not at run time."""
 
-    Args:
-      inputs: tensors (or arrays) passed in order; their shapes are fixed in the op, a call with
-        other shapes raises ``InvalidArgumentError`` instead of reading out of bounds.
-      source: C source defining ``void tc_<entry>(void* const* args)``.
-      output_shapes, output_dtypes: what the kernel writes, in order.
-      hash_: ``source_hash(source, compiler, flags)`` when the caller has it already.
-    Returns:
-      the list of output tensors.
-    """
-    lib = _library or load_op_library()
-    inputs = [tf.convert_to_tensor(x) for x in inputs]
-    return lib.tc_kernel(
-        inputs=inputs,
-        Tout=[tf.as_dtype(d) for d in output_dtypes],
-        input_shapes=[tuple(x.shape) for x in inputs],
-        output_shapes=[tuple(int(d) for d in s) for s in output_shapes],
-        entry=entry, source=source,
-        source_hash=hash_ or source_hash(source, compiler, flags),
-        compiler=compiler, compile_flags=flags, grad_key=grad_key)
+    cdef = op_builder.checked_def(tc, entry)
+    if derivative:   # the backward TC's signature (the kernel is derived per shape)
+        cdef = op_builder.backward_def(tc, entry, op_builder.derivative_wrt(cdef, derivative))
+    params = cdef.inputs
+    if len(dtypes) != len(params):
+        raise TcShapeError(f"{entry} takes {len(params)} input(s) "
+                           f"({', '.join(p.name for p in params)}), got {len(dtypes)}")
+    for p, dt, shape in zip(params, dtypes, shapes):
+        if canonical(dt) != p.dtype:
+            raise TcShapeError(f"{entry}: input {p.name} is declared {p.dtype} but got {dt}")
+        if p.is_scalar and shape not in (None, ()):
+            raise TcShapeError(f"{entry}: scalar argument {p.name} got shape {shape}")
+    specs = op_builder.output_specs(cdef, shapes, json.loads(scalars))
+    if all(s is not None and None not in s for s in shapes):
+        op_builder.build(OpRequest(op, tc, entry, options, scalars,
+                                   tuple(p.dtype for p in params), tuple(t for _, t in specs),
+                                   tuple(tuple(s) for s in shapes), cuda_arch, derivative))
+    return (tuple(s for s, _ in specs),
+            tuple(tf.as_dtype(np_dtype(t)) for _, t in specs))
 
 
 # -- TC entry points as TF ops with gradients -------------------------------------------------
@@ -362,10 +322,10 @@ class TcFunction:
     (``backend="cpu"``), or ``TcCudaKernel`` launching the cuda backend's kernels on TF's GPU
     stream (``backend="cuda"``; a TcBackendError where TensorFlow sees no GPU).
 
-    Call it on tensors (eager or inside ``tf.function``; static shapes required): the kernel is
-    generated once per input signature and options, and travels in the op.  The gradient is a
-    backward TC (run on the same backend): ``backward="auto"`` derives it
-    (``grad.backward_tc``), a ``(source, entry)`` pair gives one by hand (parameters: forward
+    Call it on tensors (eager or inside ``tf.function``; dimensions may be unknown when a graph
+    is traced, e.g. a Keras batch): the op carries the TC, and kernels are made per concrete
+    shape.  The gradient is a backward TC (run on the same backend): ``backward="auto"`` derives
+    it (``grad.backward_tc``), a ``(source, entry)`` pair gives one by hand (parameters: forward
     inputs, then one gradient per forward output; returns one gradient per floating-point tensor
     input), ``None`` makes the op non-differentiable.
 
@@ -384,18 +344,12 @@ class TcFunction:
     def __init__(self, source: str, entry: str, *, backward="auto", options=None,
                  wrt: Sequence[str] | None = None, backend: str = "cpu",
                  cuda_arch: str = DEFAULT_CUDA_ARCH):
-        from .api import define
-        from .errors import TcBackendError
-
         if backend not in ("cpu", "cuda"):
             raise TcBackendError(f"TC {entry}: a TF op runs on backend 'cpu' (TcKernel) or "
                                  f"'cuda' (TcCudaKernel), not {backend!r}")
         self.source, self.entry, self.backend, self.cuda_arch = source, entry, backend, cuda_arch
-        self.cdef = define(source)[entry].cdef
+        self.cdef = op_builder.checked_def(source, entry)
         self.options = options
-        self._specs: dict = {}     # input signature -> KernelSpec
-        self._kernels: dict = {}   # (backend, input signature) -> generated kernel
-        self._lock = threading.Lock()
         self._backward_spec = backward
         self._backward: "TcFunction | None" = None
         floats = tuple(p.name for p in self.cdef.inputs
@@ -414,86 +368,47 @@ class TcFunction:
             if spec is None:
                 raise TypeError(f"TC {self.entry} was made without a gradient (backward=None)")
             if spec == "auto":
-                from .grad import backward_tc
                 b = backward_tc(self.source, self.entry, self.wrt)
                 spec = (b.source, b.entry)
             self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options,
                                         backend=self.backend, cuda_arch=self.cuda_arch)
         return self._backward
 
-    def _kernel_spec(self, inputs: list[tf.Tensor]) -> tuple:
-        """(the backends' ``KernelSpec``: checked TC, sizes, options; the input signature) for
-        these inputs."""
-        from .backends import KernelSpec
-        from .errors import TcShapeError
-        from .lang.ranges import infer_ranges
-        from .lang.types import np_dtype
-        from .options import MappingOptions
-
-        params = self.cdef.inputs
-        if len(inputs) != len(params):
-            raise TcShapeError(f"{self.entry} takes {len(params)} input(s) "
-                               f"({', '.join(p.name for p in params)}), got {len(inputs)}")
-        shapes, scalars = {}, {}
-        for p, x in zip(params, inputs):
-            if x.dtype != tf.as_dtype(np_dtype(p.dtype)):
-                raise TcShapeError(f"{self.entry}: input {p.name} is declared {p.dtype} but got "
-                                   f"{x.dtype.name}")
-            if not x.shape.is_fully_defined():
-                raise TcShapeError(f"{self.entry}: input {p.name} has a shape {x.shape} that is "
-                                   "not fully known; TC kernels are compiled per static shape")
-            if p.is_scalar:
-                if p.name in self.cdef.structural_scalars:
-                    v = tf.get_static_value(x)
-                    if v is None:
-                        raise TcShapeError(f"{self.entry}: scalar {p.name} sizes or indexes "
-                                           "tensors, so it must be a constant")
-                    scalars[p.name] = int(v)
-            else:
-                shapes[p.name] = tuple(x.shape)
-        key = (tuple(sorted(shapes.items())), tuple(sorted(scalars.items())))
-        with self._lock:
-            spec = self._specs.get(key)
-            if spec is None:
-                values = {n: (0, 0) for n in _index_inputs(self.cdef)}
-                ranges = infer_ranges(self.cdef, shapes, scalars, values)
-                # Index values are unknown when the graph is built and no Python runs later:
-                # data-dependent subscripts are clamped into their tensor in the kernel, so a
-                # bad id reads the nearest valid element instead of out of bounds.
-                ranges = dataclasses.replace(ranges, clamp=ranges.clamp | _data_dependent_reads(
-                    self.cdef))
-                options = self.options or MappingOptions.default_for(self.cdef.ast)
-                spec = self._specs[key] = KernelSpec(self.cdef, ranges, options)
-        return spec, key
-
-    def _compiled(self, inputs: list[tf.Tensor], backend: str):
-        """This backend's kernel for these inputs, generated once per signature: the cpu tuple
-        (C source, output shapes, output dtypes, compiler, flags, hash) or a CudaLaunchSpec."""
-        spec, key = self._kernel_spec(inputs)
-        with self._lock:
-            hit = self._kernels.get((backend, key))
-            if hit is None:
-                hit = self._kernels[(backend, key)] = (
-                    _cpu_kernel(spec) if backend == "cpu" else _cuda_spec(spec, self.cuda_arch))
-        return hit
+    def _built(self, inputs: Sequence, op: str):
+        """The builder's answer for an ``op`` on inputs like these (made here, now)."""
+        inputs = [tf.convert_to_tensor(x) for x in inputs]
+        return op_builder.build(OpRequest(
+            op, self.source, self.entry, "" if self.options is None else self.options.to_json(),
+            json.dumps(_static_scalars(self.cdef, inputs), sort_keys=True),
+            tuple(p.dtype for p in self.cdef.inputs),
+            tuple(self.cdef.tensors[n].dtype for n in self.cdef.outputs),
+            tuple(tuple(x.shape.as_list()) for x in inputs), self.cuda_arch))
 
     def cuda_spec(self, *inputs) -> CudaLaunchSpec:
         """What the ``TcCudaKernel`` op launches for these inputs (PTX, kernels, grid/block,
-        temporaries); needs nvcc but no GPU."""
-        return self._compiled([tf.convert_to_tensor(x) for x in inputs], "cuda")
+        temporaries): the builder's answer, made here; needs nvcc but no GPU."""
+        return self._built(inputs, "TcCudaKernel")
+
+    def kernel_source(self, *inputs) -> str:
+        """The code the op runs for inputs like these: C (cpu) or CUDA (cuda), generated here
+        from the TC as the op's builder generates it."""
+        if self.backend == "cuda":
+            return self.cuda_spec(*inputs).source
+        return self._built(inputs, "TcKernel").kernel.source
 
     @tf.autograph.experimental.do_not_convert
     def raw(self, *inputs, grad_key: str = "") -> list[tf.Tensor]:
         """The outputs; differentiable (through the registered op gradient) when ``grad_key``
         names this function's gradient."""
-        inputs = [tf.convert_to_tensor(x) for x in inputs]
+        return self._op(inputs, grad_key=grad_key)
+
+    def _op(self, inputs: Sequence, **kwargs) -> list[tf.Tensor]:
         if self.backend == "cuda":
             require_gpu()  # before nvcc runs: without a GPU the op could never execute
-            return cuda_kernel_op(inputs, self._compiled(inputs, "cuda"), grad_key=grad_key)
-        src, shapes, dtypes, cc, flags, h = self._compiled(inputs, "cpu")
-        return kernel_op(inputs, source=src, entry=self.cdef.name, output_shapes=shapes,
-                         output_dtypes=dtypes, compiler=cc, flags=flags, hash_=h,
-                         grad_key=grad_key)
+            return cuda_kernel_op(inputs, tc=self.source, entry=self.entry, options=self.options,
+                                  cuda_arch=self.cuda_arch, **kwargs)
+        return kernel_op(inputs, tc=self.source, entry=self.entry, options=self.options,
+                         **kwargs)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *inputs):
@@ -506,41 +421,29 @@ class TcFunction:
         outs = self.raw(*inputs, grad_key=key)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def gradient(self, inputs: Sequence[tf.Tensor], grads: Sequence) -> list:
-        """d(inputs) from the output gradients, via the backward TC (None for non-``wrt``)."""
-        outs_like = [g for g in grads]
-        dys = [tf.zeros(s, d) if g is None else g
-               for g, s, d in zip(outs_like, *self._out_specs(inputs))]
-        d = self.backward.raw(*inputs, *dys)
+    def gradient(self, inputs: Sequence[tf.Tensor], grads: Sequence,
+                 outputs: Sequence[tf.Tensor] | None = None) -> list:
+        """d(inputs) from the output gradients, via the backward TC (None for non-``wrt``).
+
+        A derived backward TC (``backward="auto"``) runs as an op that derives it at each run's
+        shapes (so dimensions unknown when the graph was traced are fine); a given one runs as
+        a plain op.  ``outputs`` (the op's) give the shapes of missing output gradients (zeros).
+        """
+        if outputs is None:
+            outputs = self.raw(*inputs)
+        # the backward TC declares each output gradient's type (non-float outputs get zeros)
+        types = [tf.as_dtype(np_dtype(p.dtype)) for p in self.backward.cdef.inputs[len(inputs):]]
+        dys = [tf.zeros_like(y, t) if g is None else tf.cast(g, t)
+               for g, y, t in zip(grads, outputs, types)]
+        if self._backward_spec == "auto":
+            d = self._op([*inputs, *dys], derivative=self.wrt)
+        else:
+            d = self.backward.raw(*inputs, *dys)
         res: list = [None] * len(inputs)
         pos = {p.name: i for i, p in enumerate(self.cdef.inputs)}
         for k, name in enumerate(self.wrt):
             res[pos[name]] = d[k]
         return res
-
-    def _out_specs(self, inputs: Sequence[tf.Tensor]) -> tuple[list, list]:
-        from .lang.types import np_dtype
-
-        spec, _ = self._kernel_spec([tf.convert_to_tensor(x) for x in inputs])
-        return ([spec.ranges.shapes[n] for n in self.cdef.outputs],
-                [tf.as_dtype(np_dtype(self.cdef.tensors[n].dtype)) for n in self.cdef.outputs])
-
-
-def _cpu_kernel(spec) -> tuple:
-    from .backends.cpu import CFLAGS, compiler, kernel_source
-    from .lang.types import np_dtype
-
-    src = kernel_source(spec)
-    outs = [spec.ranges.shapes[n] for n in spec.cdef.outputs]
-    dts = [tf.as_dtype(np_dtype(spec.cdef.tensors[n].dtype)) for n in spec.cdef.outputs]
-    cc, flags = compiler(), " ".join(CFLAGS) + " -lm"
-    return src, outs, dts, cc, flags, source_hash(src, cc, flags)
-
-
-def _cuda_spec(spec, arch: str) -> CudaLaunchSpec:
-    from .backends.cuda import CudaBackend
-
-    return CudaLaunchSpec.from_kernel(CudaBackend().compile(spec), arch)
 
 
 # grad_key -> TcFunction.  Entries live as long as the process: a TcFunction is small and a
@@ -550,13 +453,18 @@ _GRADIENTS: dict[str, "TcFunction"] = {}
 
 def _tc_kernel_gradient(op, *grads):
     key = op.get_attr("grad_key").decode()
+    entry = op.get_attr("entry").decode()
+    if not key:
+        raise LookupError(f"{op.type} tc_{entry}: the op has no gradient (its TC was made with "
+                          "backward=None)")
     fn = _GRADIENTS.get(key)
-    if fn is None:
-        entry = op.get_attr("entry").decode()
-        raise LookupError(f"TcKernel tc_{entry}: no gradient is registered in this process "
-                          "(the TC was made with backward=None, or the graph was reloaded "
-                          "without rebuilding its TcFunction)")
-    return fn.gradient(list(op.inputs), list(grads))
+    if fn is None:   # a reloaded graph: the op carries its TC, derive the backward TC from it
+        options = op.get_attr("options").decode()
+        fn = _GRADIENTS[key] = TcFunction(
+            op.get_attr("tc").decode(), entry,
+            options=MappingOptions.from_json(options) if options else None,
+            backend="cuda" if op.type == "TcCudaKernel" else "cpu")
+    return fn.gradient(list(op.inputs), list(grads), list(op.outputs))
 
 
 for _op_type in ("TcKernel", "TcCudaKernel"):
@@ -564,17 +472,6 @@ for _op_type in ("TcKernel", "TcCudaKernel"):
         tf.RegisterGradient(_op_type)(_tc_kernel_gradient)
     except KeyError:  # module reloaded: the first registration stays
         pass
-
-
-def _data_dependent_reads(cdef) -> frozenset:
-    from .lang import ast as A
-    return frozenset(id(x) for cs in cdef.stmts for x in cs.reads
-                     if any(isinstance(y, A.Call) for a in x.args for y in A.walk(a)))
-
-
-def _index_inputs(cdef) -> tuple[str, ...]:
-    from .api import _index_inputs as f
-    return f(cdef)
 
 
 def tc_function(source: str, entry: str, *, backward="auto", options=None,

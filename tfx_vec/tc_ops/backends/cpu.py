@@ -13,8 +13,9 @@ so elements a TC leaves undefined read as 0).
 
 Pipeline: ``PolyKernel`` -> isl scheduler (or the identity schedule for ``MappingOptions.naive()``)
 -> ``annotate_cpu`` (tile the outermost band, mark the OpenMP loop and simd loops) -> ``CPrinter``
--> ``cc -O3 -march=native -fopenmp -shared -fPIC`` -> a ``.so`` cached by source hash in
-``$TFX_VEC_TC_CACHE_DIR`` (default ``~/.cache/tfx_vec/tc_cpu``) -> ``ctypes``.
+-> ``$CC -O3 -march=native -fopenmp -shared -fPIC`` (run without a shell by ``native``) -> a
+``.so`` in the signed store ``$TFX_VEC_CACHE_DIR/kernels`` (keyed by source, flags, compiler
+and CPU) -> loaded from its verified bytes with ``ctypes``.
 
 Reductions are race free: a reduction loop is never coincident, so it never gets the OpenMP or
 simd mark (it runs inside one thread; the compiler may still vectorise it because the flags
@@ -30,21 +31,15 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
+from .. import native
 from ..codegen.c import CPrinter
-from ..errors import TcBackendError, TcCompileError
 from ..poly.kernel import annotate_cpu, build_kernel
 from . import KernelSpec
+from .bounds import check_native_bounds
 
-__all__ = ["CpuBackend", "CpuKernel", "compile_shared", "cache_dir", "CFLAGS", "kernel_source",
-           "generate"]
+__all__ = ["CpuBackend", "CpuKernel", "compile_shared", "CFLAGS", "kernel_source", "generate"]
 
 # -fno-math-errno etc. let the compiler vectorise reductions (TC reductions are declared
 # associative and commutative) without assuming away infinities (min=!/max=! start at +-inf).
@@ -53,52 +48,17 @@ CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
 _LOCK = threading.Lock()
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels live: ``$TFX_VEC_TC_CACHE_DIR``, else ``~/.cache/tfx_vec/tc_cpu``,
-    else (unwritable home) a folder under the system temp dir."""
-    env = os.environ.get("TFX_VEC_TC_CACHE_DIR")
-    candidates = [Path(env)] if env else [Path.home() / ".cache" / "tfx_vec" / "tc_cpu",
-                                          Path(tempfile.gettempdir()) / "tfx_vec_tc_cpu"]
-    for d in candidates:
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            if os.access(d, os.W_OK):
-                return d
-        except OSError:
-            continue
-    raise TcBackendError(f"tc_ops cpu backend: no writable kernel cache directory "
-                         f"(tried {', '.join(map(str, candidates))}; set TFX_VEC_TC_CACHE_DIR)")
-
-
-def compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise TcBackendError("tc_ops cpu backend: no C compiler found (set CC or install gcc)")
-    return cc
-
-
-def compile_shared(source: str, extra_flags: tuple[str, ...] = (), tag: str = "") -> Path:
-    """Compile ``source`` to a shared object, cached by a hash of source, flags and compiler.
+def compile_shared(source: str, extra_flags: tuple[str, ...] = (), tag: str = ""
+                   ) -> native.Artifact:
+    """``source`` compiled to a shared object with ``$CC`` and :data:`CFLAGS` (plus
+    ``extra_flags``), from the signed kernel store or built now.
 
     Raises:
         TcCompileError: with the compiler's messages.
+        TcBackendError: when ``$CC`` names no compiler (the message says how to fix it).
     """
-    cc = compiler()
-    flags = CFLAGS + tuple(extra_flags)
-    h = hashlib.sha256("\0".join((source, cc, *flags)).encode()).hexdigest()[:24]
-    out = cache_dir() / f"{tag or 'tc'}_{h}.so"
-    if out.exists():
-        return out
-    with tempfile.TemporaryDirectory(prefix="tfx_tc_") as tmp:
-        src = Path(tmp) / "kernel.c"
-        src.write_text(source)
-        tmp_so = Path(tmp) / "kernel.so"
-        proc = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so), "-lm"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise TcCompileError(f"C compiler failed on the generated kernel:\n{proc.stderr}")
-        os.replace(tmp_so, out)   # atomic: concurrent compilers never see a partial file
-    return out
+    return native.compile_source("kernels", tag or "tc", source, (*CFLAGS, *extra_flags),
+                                 what="C compiler")
 
 
 def kernel_source(spec: KernelSpec, printer: type = CPrinter) -> str:
@@ -113,14 +73,20 @@ def kernel_source(spec: KernelSpec, printer: type = CPrinter) -> str:
 
 
 class CpuKernel:
-    """A loaded kernel: ``run(args)`` calls ``tc_<entry>`` on the buffers' data pointers."""
+    """A kernel loaded from its verified bytes: ``run(args)`` calls ``symbol`` (``tc_<def>``)
+    on the buffers' data pointers."""
 
-    def __init__(self, source: str, so_path: Path, entry: str):
-        self.source, self.path = source, so_path
-        self._lib = ctypes.CDLL(str(so_path))
-        self._fn = getattr(self._lib, entry)
+    def __init__(self, artifact: native.Artifact, symbol: str, source: str = ""):
+        self.source, self.path = source, artifact.path
+        self._lib = native.load_shared(artifact)
+        self._fn = getattr(self._lib, symbol)
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._fn.restype = None
+
+    @property
+    def address(self) -> int:
+        """The entry point's address (what the TF op calls)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
 
     def run(self, args: list) -> None:
         ptrs = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
@@ -133,10 +99,11 @@ class CpuBackend:
     name = "cpu"
 
     def compile(self, spec: KernelSpec) -> CpuKernel:
+        check_native_bounds(spec)
         source = kernel_source(spec)
         with _LOCK:
-            path = compile_shared(source, tag=f"tc_{spec.cdef.name}")
-        return CpuKernel(source, path, "tc_" + spec.cdef.name)
+            artifact = compile_shared(source, tag=f"tc_{spec.cdef.name}")
+            return CpuKernel(artifact, "tc_" + spec.cdef.name, source)
 
 
 def generate(source: str, entry: str, input_specs, options=None, scalars: dict | None = None):

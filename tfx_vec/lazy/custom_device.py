@@ -1,0 +1,538 @@
+"""``lazy.device()``: unchanged TensorFlow programs recorded through a TensorFlow custom device.
+
+TensorFlow's eager C API lets a library register a *custom device*
+(``TFE_RegisterCustomDevice``; TensorFlow's parallel device and DTensor are built on it).  Inside
+``with lazy.device():`` every eager op is placed on the device ``LAZY:0``, and so is every op
+with an input living there, whoever issues it: user code, ``tf.GradientTape``'s backward
+functions, Keras layers, losses, metrics and optimizers, ``tf.Module``.  The native bridge
+(``custom_device.cc``) hands each op to :func:`_execute` here, which records it as an IR node
+(``raw.py`` knows the op) and answers with a tensor handle on the device that carries a
+:class:`~tfx_vec.lazy.tensor.LazyTensor` as its payload.  Those handles are ordinary
+``tf.Tensor`` objects to every Python caller (shapes and dtypes are static); reading a value
+(``.numpy()``, ``float()``, ``print``, ``if``) copies it off the device, which forces it: a
+barrier over all pending work, exactly as ``lazy.mark_step()``.
+
+Per op, in order:
+
+- variables: ``VarHandleOp`` creates the real variable on the host and returns a device handle
+  whose payload is a :class:`DeviceVariable`; reads return its current value, ``assign*``
+  substitute it (the paper's in-place updates), the barrier writes it back;
+- static answers: ``Shape``/``Size``/``Rank`` of a device tensor come from its static shape;
+- ``record`` ops (an XLA kernel, tensor types): inputs XLA needs as compile-time constants are
+  baked into the program (forced first if pending), other host values become parameters;
+  integer ops on small known values are *folded* (evaluated now, counted);
+- ``host`` ops (strings, variants, resources other than variables, function calls): datasets,
+  iterators, summaries, ``tf.print``, ``tf.function`` calls run on the host after forcing
+  their lazy inputs (counted per op); fetching a ``tf.data`` batch is a barrier, as PyTorch/XLA's
+  data loader marks a step per batch;
+- ``fallback`` ops (no XLA kernel, or an output shape that depends on values): forced inputs,
+  run eagerly, counted per op and source line, or a :class:`LazyFallbackError`.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from tfx_vec import lazy
+    >>> with lazy.device():
+    ...     w = tf.Variable([[1.0], [2.0]])
+    ...     with tf.GradientTape() as tape:
+    ...         loss = tf.reduce_sum(tf.matmul(tf.ones([3, 2]), w) ** 2)
+    ...     _ = w.assign_sub(0.01 * tape.gradient(loss, w))
+    ...     lazy.mark_step()
+    ...     print(round(float(loss), 3), [round(float(v), 3) for v in w.numpy().ravel()])
+    27.0 [0.82, 1.82]
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import errors_impl, ops
+from tensorflow.python.ops import handle_data_util
+
+from . import calls, ir, metrics, raw, runtime, tape_capture
+from .errors import LazyError, LazyShapeError
+from .ir import Node
+from .ops import Unrecordable
+from .tensor import LazyTensor, _const, check_assign, force, value
+
+__all__ = ["device", "DEVICE_NAME", "HOST", "DeviceVariable", "native", "payload_of",
+           "is_device_tensor", "make_tensor"]
+
+DEVICE_NAME = "/job:localhost/replica:0/task:0/device:LAZY:0"
+HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
+_RESOURCE = tf.resource.as_datatype_enum
+_lock = threading.Lock()
+_native: list = [None]
+_registered = [False]
+
+
+def native() -> Any:
+    """The native bridge (built against the installed TensorFlow on first use, then cached)."""
+    if _native[0] is None:
+        from tfx_vec._native import load_extension
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_device.cc")
+        _native[0] = load_extension("_tfx_vec_lazy_device", source)
+    return _native[0]
+
+
+def _host_run(cap: Any, inputs: list, device: str = HOST) -> list:
+    """Run the op being recorded (``cap``) on a physical device; TensorFlow's own exception
+    class on failure."""
+    try:
+        return native().run_on_host(cap, inputs, device)
+    except RuntimeError as e:
+        if len(e.args) == 2 and isinstance(e.args[0], int):
+            code, message = e.args
+            raise errors_impl.exception_type_from_error_code(code)(None, None, message) \
+                from None
+        raise
+
+
+def _register() -> None:
+    with _lock:
+        if _registered[0]:
+            return
+        dev, info = native().capsules(DEVICE_NAME, _execute, _to_device, _from_device)
+        context.context().register_custom_device(dev, DEVICE_NAME, info)
+        tape_capture.install()
+        runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
+        _registered[0] = True
+
+
+@contextlib.contextmanager
+def device() -> Iterator[None]:
+    """Run the enclosed eager TensorFlow code lazily on the ``LAZY:0`` custom device.
+
+    Variables created inside live on the device (reads and updates are recorded); every op
+    with an input on the device is recorded, inside the block or after it.  Call
+    ``lazy.mark_step()`` once per training step; reading a value forces pending work.
+
+    >>> import tensorflow as tf
+    >>> from tfx_vec import lazy
+    >>> with lazy.device():
+    ...     x = tf.constant([1.0, 2.0]) * 3.0
+    >>> x.device.endswith("LAZY:0"), x.numpy().tolist()
+    (True, [3.0, 6.0])
+    """
+    runtime.check_no_strategy("lazy.device() entered")
+    _register()
+    calls.install_keras()
+    with ops.device(DEVICE_NAME):
+        yield
+
+
+def payload_of(t: Any) -> Any:
+    """The payload (a ``LazyTensor`` or :class:`DeviceVariable`) of a device tensor, else None."""
+    if not _registered[0] or not isinstance(t, ops.EagerTensor):
+        return None
+    return native().payload(t, DEVICE_NAME)
+
+
+def make_tensor(t: LazyTensor) -> tf.Tensor:
+    """A tensor on the device whose payload is ``t`` (outside an op's recording)."""
+    return native().make_tensor(context.context()._handle, DEVICE_NAME, _spec(t))
+
+
+def is_device_tensor(t: Any) -> bool:
+    """Whether ``t`` is a tensor on the lazy device."""
+    return payload_of(t) is not None
+
+
+# {{{ variables
+
+class DeviceVariable:
+    """The payload of a variable's resource handle on the device.
+
+    ``_read`` is the ``var`` leaf (the value at the start of the next program) and ``_node`` the
+    current value (``_read`` unless an ``assign*`` substituted it); the barrier writes ``_node``
+    back, as for ``lazy.Variable``.  ``handle`` is the real resource on the host.
+    """
+
+    __slots__ = ("handle", "name", "dtype", "shape", "_read", "_node", "initialized",
+                 "last_assign", "__weakref__")
+
+    def __init__(self, handle: tf.Tensor, dtype: tf.DType, shape: tuple, name: str):
+        self.handle, self.dtype, self.shape, self.name = handle, dtype, shape, name
+        self._read = Node("var", (), (), shape, dtype, handle)
+        self._node = self._read
+        self.initialized = False
+        self.last_assign = -1   # creation stamp of the last assign (a gradient checks it)
+
+    def _pending(self) -> bool:
+        return self._node is not self._read
+
+    def _check(self, node: Node, what: str) -> None:
+        check_assign(self._read, node, self.name, what)
+
+    def assign(self, node: Node, what: str) -> None:
+        self._check(node, what)
+        self._node = node
+        self.initialized = True
+        self.last_assign = next(ir.serials)
+        runtime.mark_variable(self)
+
+    def flush(self, cause: str) -> tf.Tensor:
+        """The host resource, current: pending updates are written first (a barrier)."""
+        if self._pending():
+            runtime.barrier(cause)
+        runtime.wait()
+        return self.handle
+
+    def __repr__(self) -> str:
+        return f"<lazy DeviceVariable {self.name!r} {self.dtype.name}{list(self.shape)}>"
+
+
+def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    runtime.check_no_strategy("a variable was created on the lazy device")
+    (handle,) = _host_run(cap, [], HOST)
+    amap = raw.attr_map(attrs)
+    dtype = tf.as_dtype(amap["dtype"].type)
+    shape = tf.TensorShape(amap["shape"].shape)
+    if not shape.is_fully_defined():
+        raise LazyError(f"a variable of unknown shape {shape} cannot live on the lazy device "
+                        f"(created at {runtime.user_frame()})")
+    name = amap["debug_name"].s.decode() if "debug_name" in amap else ""
+    name = name or (amap["shared_name"].s.decode() if "shared_name" in amap else "")
+    handle_data_util.set_handle_data(handle, handle_data_util.create_handle_data(shape, dtype))
+    state = DeviceVariable(handle, dtype, tuple(shape.as_list()), name)
+    return [(state, _RESOURCE, ())]
+
+
+def _on_variable(handler: Any) -> Any:
+    """The handler of an op on a variable of the device.  An op on a variable that lives
+    elsewhere (created outside ``lazy.device()``, by a ``tf.distribute`` strategy, or pinned to
+    the CPU by TensorFlow itself, as a checkpoint's save counter) runs at once on the host where
+    that variable is, as eager would, after forcing its lazy inputs: a counted fallback, so its
+    readers never see a stale value."""
+    def op(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+        if type(inputs[0]) is DeviceVariable:
+            return handler(op_type, attrs, inputs, cap)
+        return _run_on_host(raw.describe(op_type, attrs, len(inputs)), inputs, cap, "fallback",
+                             "a variable created outside lazy.device()")
+    return op
+
+
+@_on_variable
+def _read_variable(op_type: str, attrs: bytes, state: tuple, cap: Any) -> list:
+    return [_spec(LazyTensor(state[0]._node))]
+
+
+@_on_variable
+def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    state = inputs[0]
+    new = _node_of(inputs[1])
+    if op_type != "AssignVariableOp":
+        what = "AddV2" if op_type == "AssignAddVariableOp" else "Sub"
+        state._check(new, op_type)
+        (new,) = _record(raw.describe(what, _t_attrs(state.dtype), 2), [state._node, new])
+    state.assign(new, op_type)
+    return []
+
+
+@_on_variable
+def _is_initialized(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    return [_host_constant(np.array(inputs[0].initialized))]
+
+
+def _destroy(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    x = inputs[0]
+    if type(x) is DeviceVariable:
+        runtime.forget_variable(x)
+        x = x.handle
+    _host_run(cap, [x], HOST)
+    return []
+
+
+@_on_variable
+def _resource_gather(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    state = inputs[0]
+    amap = raw.attr_map(attrs)
+    indices = _node_of(inputs[1])
+    gather = raw.describe("GatherV2", raw.attrs_bytes({
+        "Tparams": state.dtype, "Tindices": indices.dtype, "Taxis": tf.int32,
+        "batch_dims": amap["batch_dims"].i if "batch_dims" in amap else 0}), 3)
+    return [_spec(LazyTensor(n)) for n in _record(gather, [state._node, indices,
+                                                           _const(0, tf.int32)])]
+# }}}
+
+
+# {{{ static answers, constants
+
+_host_constants: dict = {}
+
+
+def _host_constant(array: np.ndarray) -> tf.Tensor:
+    """An eager host tensor of ``array`` (cached: shapes repeat every step)."""
+    key = (array.dtype.str, array.shape, array.tobytes())
+    t = _host_constants.get(key)
+    if t is None:
+        with ops.device(HOST):
+            t = tf.constant(array)
+        if len(_host_constants) > 10000:
+            _host_constants.clear()
+        _host_constants[key] = t
+    return t
+
+
+def _static_shape(x: Any) -> tuple:
+    if type(x) is LazyTensor:
+        return x._node.shape
+    if type(x) is DeviceVariable:
+        return ()
+    return tuple(x.shape.as_list())
+
+
+def _out_type(attrs: bytes) -> np.dtype:
+    amap = raw.attr_map(attrs)
+    return tf.as_dtype(amap["out_type"].type).as_numpy_dtype if "out_type" in amap else np.int32
+
+
+def _shape(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    dtype = _out_type(attrs)
+    if op_type == "ShapeN":
+        return [_host_constant(np.array(_static_shape(x), dtype)) for x in inputs]
+    shape = _static_shape(inputs[0])
+    if op_type == "Shape":
+        return [_host_constant(np.array(shape, dtype))]
+    if op_type == "Size":
+        return [_host_constant(np.array(int(np.prod(shape)), dtype))]
+    return [_host_constant(np.array(len(shape), np.int32))]  # Rank
+
+
+def _eager_const(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    return [inputs[0]]  # a host value: it becomes a parameter where a program uses it
+
+
+def _identity(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    x = inputs[0]
+    return [_spec(x) if type(x) is LazyTensor else x]
+
+
+def _no_op(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    return []
+
+
+_SPECIAL = {
+    "_EagerConst": _eager_const, "Identity": _identity, "NoOp": _no_op,
+    "VarHandleOp": _var_handle, "ReadVariableOp": _read_variable,
+    "AssignVariableOp": _assign, "AssignAddVariableOp": _assign,
+    "AssignSubVariableOp": _assign, "VarIsInitializedOp": _is_initialized,
+    "DestroyResourceOp": _destroy, "ResourceGather": _resource_gather,
+    "Shape": _shape, "ShapeN": _shape, "Size": _shape, "Rank": _shape,
+}
+# }}}
+
+
+# {{{ recording
+
+def _spec(t: LazyTensor) -> tuple:
+    n = t._node
+    return (t, n.dtype.as_datatype_enum, n.shape)
+
+
+_SCALAR_DTYPES = frozenset({tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32,
+                            tf.bool})
+
+
+def _node_of(x: Any) -> Node:
+    """The IR node of an op input: a lazy tensor's node, or a leaf for a host tensor (a rank-0
+    host value becomes a ``scalar`` parameter: all of a program's scalars travel in one
+    vector, instead of one argument each)."""
+    if type(x) is LazyTensor:
+        return x._node
+    if type(x) is DeviceVariable:
+        raise LazyError(f"the resource handle of variable {x.name!r} used as a value")
+    shape = x._shape_tuple()
+    if not shape and x.dtype in _SCALAR_DTYPES:
+        return Node("scalar", (), (), (), x.dtype, x.numpy().item())
+    return Node("data", (), (), tuple(shape), x.dtype, x)
+
+
+_t_attrs_cache: dict = {}
+
+
+def _t_attrs(dtype: tf.DType) -> bytes:
+    b = _t_attrs_cache.get(dtype)
+    if b is None:
+        b = _t_attrs_cache[dtype] = raw.attrs_bytes({"T": dtype})
+    return b
+
+
+def _record(op: raw.RawOp, nodes: list) -> list:
+    """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
+    sig = [op.type, op.attrs]
+    for n in nodes:
+        sig.append(n.sig if n.op != "const" else n.attrs)
+    sig = tuple(sig)
+    spec = raw._specs.get(sig)
+    if spec is None:
+        try:
+            spec = raw.infer(op, nodes, sig)
+        except Unrecordable:
+            raise
+        except (ValueError, TypeError, tf.errors.OpError) as err:
+            raise LazyShapeError(f"{op.type}: {str(err).splitlines()[0]} (recorded at "
+                                 f"{runtime.user_frame()})") from err
+    metrics._counters["ops_recorded"] += 1
+    inputs = tuple(nodes)
+    if len(spec.flat) == 1:
+        shape, dtype = spec.flat[0]
+        return [Node("raw", inputs, (op.type, op.attrs), shape, dtype)]
+    base = Node("raw", inputs, (op.type, op.attrs), None, None)
+    return [Node("out", (base,), (i,), s, d) for i, (s, d) in enumerate(spec.flat)]
+
+
+def _small_known(n: Node) -> bool:
+    if n.op == "const":
+        return True
+    return n.op in ("data", "scalar") and n.dtype in _FOLDABLE_IN and \
+        int(np.prod(n.shape)) <= raw.FOLD_LIMIT
+
+
+_FOLDABLE_IN = frozenset({tf.int32, tf.int64, tf.bool})
+
+
+def _bake(x: Any, n: Node, op: raw.RawOp, position: int) -> Node:
+    """The node of a compile-time constant input: its value, baked into the program."""
+    if n.op == "const":
+        return n
+    if n.op == "scalar":
+        return _const(n.value, n.dtype)
+    if n.op != "data":
+        if type(x) is not LazyTensor:
+            raise LazyError(f"input {position} of {op.type} must be a compile-time constant")
+        metrics.bump("constant_inputs_forced")
+        v = value(x, f"compile-time constant input {position} of {op.type}")
+    else:
+        v = runtime._eager_value(n)
+    arr = v.numpy()
+    return _const(_freeze_array(arr), n.dtype)
+
+
+def _freeze_array(arr: np.ndarray) -> Any:
+    items = arr.tolist()
+
+    def tup(v: Any) -> Any:
+        return tuple(tup(i) for i in v) if isinstance(v, list) else v
+    return tup(items)
+
+
+_owner: list = [None]   # the thread that uses the device (the runtime's state is global)
+
+
+def _check_thread() -> None:
+    ident = threading.get_ident()
+    if ident != _owner[0]:
+        if _owner[0] is None:
+            _owner[0] = ident
+            return
+        runtime.check_no_strategy("a lazy tensor was used")
+        raise LazyError(f"a lazy device tensor was used from a second thread (at "
+                        f"{runtime.user_frame()}): the lazy runtime records one thread's ops")
+
+
+def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
+    """The device's execute callback: record the op (or run it on the host) and return output
+    specs (see ``custom_device.cc``)."""
+    if threading.get_ident() != _owner[0]:
+        _check_thread()
+    special = _SPECIAL.get(op_type)
+    if special is not None:
+        return special(op_type, attrs, inputs, cap)
+    op = raw.describe(op_type, attrs, len(inputs))
+    if op.kind != "record":
+        return _run_on_host(op, inputs, cap, op.kind, op.reason)
+    nodes = []
+    for x in inputs:
+        nodes.append(x._node if type(x) is LazyTensor else _node_of(x))
+    try:
+        for p in op.constant:
+            nodes[p] = _bake(inputs[p], nodes[p], op, p)
+        if op.foldable and all(_small_known(n) for n in nodes):
+            return _fold(op, nodes, cap)
+        outs = _record(op, nodes)
+    except Unrecordable as why:
+        return _run_on_host(op, inputs, cap, "fallback", str(why))
+    return [_spec(LazyTensor(n)) for n in outs]
+
+
+def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:
+    """Evaluate an integer op on small values known on the host now (its outputs are host
+    tensors, so the shapes they make stay static)."""
+    metrics.bump(f"folded::{op.type}")
+    return _host_run(cap, [runtime._eager_value(n) for n in nodes], HOST)
+
+
+_DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
+def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str) -> list:
+    """Run the op on the host, as eager TensorFlow would, after forcing its lazy inputs."""
+    tape_capture.taint_recording(f"{kind} op {op.type}")
+    if kind == "fallback":
+        runtime.count_fallback(op.type, reason)
+    else:
+        metrics.bump(f"host::{op.type}")
+        if reason == "a function call":
+            _check_keras_loop()
+    if op.type in _DATA_FETCH:
+        runtime.barrier("tf.data batch fetched")  # a new batch starts a step
+    elif any(type(x) is DeviceVariable for x in inputs):
+        # The op may update the variable in place: every pending read of it (and its pending
+        # update) is computed first.
+        runtime.barrier(f"{kind} op {op.type} uses a variable")
+    values = []
+    for x in inputs:
+        if type(x) is LazyTensor:
+            x = value(x, f"{kind} op {op.type}")
+        elif type(x) is DeviceVariable:
+            x = x.flush(f"{kind} op {op.type} uses variable {x.name!r}")
+        values.append(x)
+    runtime.wait()
+    return _host_run(cap, values, HOST)
+
+
+_KERAS_LOOPS = ("fit", "train_on_batch", "evaluate", "test_on_batch", "predict",
+                "predict_on_batch")
+
+
+def _check_keras_loop() -> None:
+    """A Keras training loop inside the scope must run compiled by XLA or record lazily."""
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code.co_name in _KERAS_LOOPS and "/keras/" in code.co_filename:
+            model = f.f_locals.get("self")
+            if model is not None and getattr(model, "jit_compile", True) is not True:
+                raise LazyError(
+                    f"Keras {code.co_name}() inside lazy.device() runs its own tf.function "
+                    "step, and this model's step is not XLA-compiled (jit_compile="
+                    f"{getattr(model, 'jit_compile', None)!r}).  Compile the model with "
+                    "jit_compile=True (the step then runs as one XLA program), or with "
+                    "run_eagerly=True so that lazy.device() records each step")
+            return
+        f = f.f_back
+# }}}
+
+
+# {{{ copies on and off the device
+
+def _to_device(t: tf.Tensor) -> tuple:
+    n = Node("data", (), (), tuple(t._shape_tuple()), t.dtype, t)
+    return _spec(LazyTensor(n))
+
+
+def _from_device(payload: Any) -> tf.Tensor:
+    if threading.get_ident() != _owner[0]:
+        _check_thread()
+    runtime.check_no_strategy("a lazy tensor was read")
+    if type(payload) is DeviceVariable:
+        return payload.flush(f"variable {payload.name!r} read off the lazy device")
+    # tf.function captures a small eager tensor by value when it traces: so does this.
+    return force(payload, f"value read at {runtime.user_frame()}")
+# }}}
