@@ -104,14 +104,13 @@ def fit(value: Any, spec: tf.TensorSpec, batch: Any) -> tf.Tensor:
     a tensor cast to it (type inference allows this only for weakly typed values), a value
     without a batch dimension (rank 0, or leading dimension 1) or of a smaller shape
     broadcast to ``[batch] + spec.shape[1:]``."""
-    if _is_literal(value):
-        value = tf.constant(value, spec.dtype)
-    else:
-        value = tf.convert_to_tensor(value)
-        if value.dtype != spec.dtype:
-            value = tf.cast(value, spec.dtype)
+    if not isinstance(value, tf.Tensor):
+        value = (tf.constant(value, spec.dtype) if _is_literal(value)
+                 else tf.convert_to_tensor(value))
+    if value.dtype != spec.dtype:
+        value = tf.cast(value, spec.dtype)
     target = spec.shape
-    if value.shape == target and target.is_fully_defined():
+    if value.shape == target:  # the common case: nothing to do
         return value
     rank = target.rank
     if 0 < value.shape.rank < rank:  # a member's value of lower rank: align its trailing dims
