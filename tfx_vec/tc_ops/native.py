@@ -68,6 +68,13 @@ def configure(**settings: str | None) -> None:
     """Set tools from Python (``configure(CC="clang")``); ``None`` goes back to the environment.
 
     Settings made here win over the environment.  Only ``CC``, ``CXX`` and ``NVCC`` exist.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> native.configure(CC="gcc")
+        >>> native.tool("CC")[0].endswith("gcc")
+        True
+        >>> native.configure(CC=None)          # back to $CC, or cc
     """
     for name, value in settings.items():
         if name not in _TOOLS:
@@ -84,6 +91,12 @@ def tool(setting: str, required: bool = True) -> tuple[str, ...] | None:
 
     Raises TcBackendError naming the setting when it names no program (or, with ``required``,
     when no default exists); returns None for a missing default when not ``required``.
+
+    Example:
+        >>> import os
+        >>> from tfx_vec.tc_ops import native
+        >>> os.path.isabs(native.tool("CC")[0])
+        True
     """
     what, defaults = _TOOLS[setting]
     value = _configured.get(setting) or os.environ.get(setting)
@@ -112,6 +125,11 @@ def run_tool(setting: str, args: Sequence[str], what: str) -> subprocess.Complet
 
     Raises TcCompileError when it fails or outlasts COMPILE_TIMEOUT_S (the message holds its
     output and the command), TcBackendError when the tool cannot be started.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> native.run_tool("CC", ["--version"], "asking the C compiler its version").returncode
+        0
     """
     argv = [*tool(setting), *args]
     try:
@@ -172,6 +190,11 @@ def user_key() -> bytes:
     It lives outside the cache (``$TFX_VEC_KEY_FILE`` or ``~/.config/tfx_vec/cache_key``), so a
     cache directory alone can never vouch for itself.  Raises TcSecurityError when the file is a
     link, not ours, or readable by others.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> len(native.user_key()) >= 32
+        True
     """
     path = _key_path()
     with _key_lock:
@@ -216,7 +239,15 @@ def _read_or_create_key(path: Path) -> bytes:
 # -- the signed store ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Artifact:
-    """A verified build product: where it is cached, its bytes and their SHA-256."""
+    """A verified build product: where it is cached, its bytes and their SHA-256.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> art = native.compile_source("kernels", "doc_one", "int one(void) { return 1; }",
+        ...                             ["-shared", "-fPIC"])
+        >>> art.path.name.startswith("doc_one-"), len(art.sha256)
+        (True, 64)
+    """
 
     path: Path
     data: bytes
@@ -240,6 +271,16 @@ def build_artifact(kind: str, name: str, inputs: Mapping[str, str], produce: Pro
       inputs: everything the product depends on, as text (source, flags, ...).
       produce: builds the product (see :data:`Produce`).
       identity: the tools' identity (``tool_identity``), part of the key.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> def produce(work, out):
+        ...     out.write_bytes(b"built")
+        >>> art = native.build_artifact("kernels", "doc_text", {"what": "a text"}, produce, ".txt")
+        >>> art.data
+        b'built'
+        >>> native.build_artifact("kernels", "doc_text", {"what": "a text"}, None, ".txt").data
+        b'built'
     """
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise TcSecurityError(f"tc_ops cache: bad artifact name {name!r}")
@@ -268,7 +309,13 @@ def build_artifact(kind: str, name: str, inputs: Mapping[str, str], produce: Pro
 
 
 def tool_identity(setting: str) -> str:
-    """The identity of tool ``setting`` (path, arguments, version banner) for cache keys."""
+    """The identity of tool ``setting`` (path, arguments, version banner) for cache keys.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> native.tool_identity("CC") == native.tool_identity("CC")
+        True
+    """
     return _tool_identity(tool(setting))
 
 
@@ -353,7 +400,15 @@ def compile_source(kind: str, name: str, source: str, flags: Sequence[str], *,
     """``source`` compiled by tool ``setting`` with ``flags`` (``<tool> <flags> <file> -o <out>
     <libs>``), from the signed store or built now; the source goes to a ``mkstemp`` file in
     the private scratch directory.  ``depends``: more texts the product depends on (headers);
-    ``keep_log``: keep the compiler's messages as ``<product>.log``."""
+    ``keep_log``: keep the compiler's messages as ``<product>.log``.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> art = native.compile_source("kernels", "doc_twice", "int twice(int a) { return 2 * a; }",
+        ...                             ["-shared", "-fPIC"])
+        >>> native.load_shared(art).twice(21)
+        42
+    """
     def produce(work: Path, out: Path) -> str | None:
         fd, src = tempfile.mkstemp(dir=work, suffix=source_suffix)
         with os.fdopen(fd, "w") as f:
@@ -368,7 +423,15 @@ def compile_source(kind: str, name: str, source: str, flags: Sequence[str], *,
 
 # -- loading ----------------------------------------------------------------------------------
 def load_shared(artifact: Artifact, mode: int = os.RTLD_NOW | os.RTLD_LOCAL) -> ctypes.CDLL:
-    """dlopen exactly ``artifact.data``: written to a fresh private file, loaded, unlinked."""
+    """dlopen exactly ``artifact.data``: written to a fresh private file, loaded, unlinked.
+
+    Example:
+        >>> from tfx_vec.tc_ops import native
+        >>> art = native.compile_source("kernels", "doc_neg", "int neg(int a) { return -a; }",
+        ...                             ["-shared", "-fPIC"])
+        >>> native.load_shared(art).neg(7)
+        -7
+    """
     with loadable_copy(artifact) as path:
         return ctypes.CDLL(path, mode=mode)
 
@@ -376,7 +439,19 @@ def load_shared(artifact: Artifact, mode: int = os.RTLD_NOW | os.RTLD_LOCAL) -> 
 @contextlib.contextmanager
 def loadable_copy(artifact: Artifact):
     """A path holding exactly ``artifact.data`` while the block runs (a fresh private file,
-    removed after; a mapping made from it stays valid)."""
+    removed after; a mapping made from it stays valid).
+
+    Example:
+        >>> import os
+        >>> from tfx_vec.tc_ops import native
+        >>> art = native.compile_source("kernels", "doc_one", "int one(void) { return 1; }",
+        ...                             ["-shared", "-fPIC"])
+        >>> with native.loadable_copy(art) as path:
+        ...     open(path, "rb").read() == art.data
+        True
+        >>> os.path.exists(path)
+        False
+    """
     fd, path = tempfile.mkstemp(dir=private_dir("tmp"), prefix="load.", suffix=".so")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -66,7 +66,13 @@ _cuda_library = None
 
 
 class OpLibraryError(RuntimeError):
-    """The generic TC op library could not be built or loaded."""
+    """The generic TC op library could not be built or loaded.
+
+    Example:
+        >>> import tfx_vec.tc_ops as tc_ops
+        >>> issubclass(tc_ops.tf_op.OpLibraryError, RuntimeError)
+        True
+    """
 
 
 # -- the builder hook: how an op asks this process for a kernel ---------------------------------
@@ -139,7 +145,15 @@ def load_op_library():
 
 def cuda_include_dir() -> str | None:
     """The CUDA toolkit's include directory holding ``cuda.h`` (``$CUDA_HOME``, ``$CUDA_PATH``,
-    ``/usr/local/cuda``, then next to ``nvcc``), or None."""
+    ``/usr/local/cuda``, then next to ``nvcc``), or None.
+
+    Example:
+        >>> import os
+        >>> from tfx_vec.tc_ops.tf_op import cuda_include_dir
+        >>> inc = cuda_include_dir()
+        >>> inc is None or os.path.exists(os.path.join(inc, "cuda.h"))
+        True
+    """
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
     nvcc = native.tool("NVCC", required=False)
     if nvcc is not None:
@@ -187,7 +201,15 @@ def load_cuda_op_library():
 
 
 def cuda_op_library_path() -> str:
-    """Where :func:`load_cuda_op_library` caches the library (its build log: that + ``.log``)."""
+    """Where :func:`load_cuda_op_library` caches the library (its build log: that + ``.log``).
+
+    Builds it when it is not cached yet (it needs ``cuda.h``, not a GPU).
+
+    Example::
+
+        path = cuda_op_library_path()
+        print(open(path + ".log").read())     # the compiler's warnings, if any
+    """
     return str(_cuda_op_artifact().path)
 
 
@@ -197,6 +219,10 @@ def load_saved_model(path: str, **kwargs):
     The documented way to load a model holding TC ops, on any machine: nothing in the model is
     executed as code; each op's kernel is generated here from the TC it carries (built into an
     empty cache the first time it runs).
+
+    Example::
+
+        model = load_saved_model("/models/with_tc_layers")   # its TC ops are rebuilt here
     """
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         model = saved_model_pb2.SavedModel.FromString(f.read())
@@ -221,13 +247,33 @@ def kernel_op(inputs: Sequence, *, tc: str, entry: str, options: MappingOptions 
     Returns the list of output tensors (their static shapes from range inference).
 
     Raises a TcError subclass for a bad TC or call (input count, dtypes, sizes).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from tfx_vec.tc_ops.tf_op import kernel_op
+        >>> ADD = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
+        >>> (c,) = kernel_op([tf.constant([1., 2.]), tf.constant([10., 20.])], tc=ADD, entry="add")
+        >>> c.numpy().tolist()
+        [11.0, 22.0]
     """
     lib = _library or load_op_library()
     return _op(lib.tc_kernel, "TcKernel", inputs, tc, entry, options, derivative, grad_key)
 
 
 def require_gpu() -> None:
-    """TcBackendError unless TensorFlow sees a GPU (the only place ``TcCudaKernel`` runs)."""
+    """TcBackendError unless TensorFlow sees a GPU (the only place ``TcCudaKernel`` runs).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from tfx_vec.tc_ops.errors import TcBackendError
+        >>> from tfx_vec.tc_ops.tf_op import require_gpu
+        >>> try:
+        ...     require_gpu()
+        ...     print(bool(tf.config.list_physical_devices("GPU")))
+        ... except TcBackendError:
+        ...     print(not tf.config.list_physical_devices("GPU"))
+        True
+    """
     if not tf.config.list_physical_devices("GPU"):
         why = ("this TensorFlow is not built with CUDA" if not tf.test.is_built_with_cuda()
                else "no CUDA driver or no GPU")
