@@ -52,35 +52,46 @@ _tokens = itertools.count()
 
 class CallSpec:
     """A recordable call: ``fn(inputs)`` replayed with ``variables`` pointed at the program's
-    resources; the node's outputs are the variables' values after it."""
+    resources; the node's outputs are ``fn``'s flat outputs (``outs``: their (shape, dtype)),
+    then the values after it of the variables at the ``assigned`` positions."""
 
-    __slots__ = ("fn", "variables", "__weakref__")
+    __slots__ = ("fn", "variables", "outs", "assigned", "__weakref__")
 
-    def __init__(self, fn: Callable[[list], Any], variables: list):
+    def __init__(self, fn: Callable[[list], Any], variables: list, outs: tuple = (),
+                 assigned: tuple | None = None):
         self.fn = fn
         self.variables = variables   # tf.Variables, in the node's order
+        self.outs = outs
+        self.assigned = tuple(range(len(variables))) if assigned is None else assigned
 
 
 CALLS: "weakref.WeakValueDictionary[int, CallSpec]" = weakref.WeakValueDictionary()
 
 
-def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> None:
-    """Record ``spec`` on input nodes; substitute each variable state by its new value.
+def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> list:
+    """Record ``spec`` on input nodes; returns the nodes of its outputs and substitutes each
+    assigned variable state by its new value.
 
     The node's inputs are the call's own, then each variable's ``var`` leaf (its resource in the
     program), then its current value (a pending update is written before the call).
     """
     base = Node("call", tuple(inputs) + tuple(s._read for s in states) +
                 tuple(s._node for s in states), (token, len(inputs)), None, None)
-    for i, s in enumerate(states):
-        s.assign(Node("out", (base,), (i,), s.shape, s.dtype), "a recorded call")
+    outs = [Node("out", (base,), (i,), shape, dtype) for i, (shape, dtype) in
+            enumerate(spec.outs)]
+    k = len(outs)
+    for i in spec.assigned:
+        s = states[i]
+        s.assign(Node("out", (base,), (k,), s.shape, s.dtype), "a recorded call")
+        k += 1
     metrics.bump("calls_recorded")
+    return outs
 
 
 def replay_call(token: int, args: list, resources: list, current: list) -> list:
     """Inside the program's trace: write the variables' ``current`` values (``None``: the
     resource holds it already), run the call on ``args`` with their handles pointed at
-    ``resources``, and return their new values."""
+    ``resources``, and return its outputs, then the new values of the assigned variables."""
     from .lowering import assign_variable, read_variable
     spec = CALLS.get(token)
     if spec is None:
@@ -92,11 +103,13 @@ def replay_call(token: int, args: list, resources: list, current: list) -> list:
     try:
         for v, r in zip(spec.variables, resources):
             v._handle = r
-        spec.fn(args)
+        outs = spec.fn(args)
     finally:
         for v, h in zip(spec.variables, saved):
             v._handle = h
-    return [read_variable(r, v.dtype) for v, r in zip(spec.variables, resources)]
+    variables = spec.variables
+    return list(outs or ()) + [read_variable(resources[i], variables[i].dtype)
+                               for i in spec.assigned]
 
 
 # {{{ Keras optimizers
@@ -154,7 +167,10 @@ def _apply(original: Callable) -> Callable:
         cache = self.__dict__.setdefault("_tfx_vec_lazy_calls", {})
         hit = cache.get(key)
         if hit is None:
-            spec = CallSpec(lambda args, kv=kvars: original(self, list(args), kv), tf_vars)
+            def update(args: list, kv: list = kvars) -> tuple:
+                original(self, list(args), kv)
+                return ()
+            spec = CallSpec(update, tf_vars)
             hit = cache[key] = (next(_tokens), spec)
             CALLS[hit[0]] = spec
         record_call(hit[1], hit[0], nodes, states)
