@@ -142,13 +142,19 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
         if type(p) is not LazyTensor:
             return "a gradient that is not a lazy tensor"
         nodes.append(p._node)
+    all_vars = kvars + list(optimizer.variables)
+    ids = tuple(map(id, all_vars))
+    known = optimizer.__dict__.get("_tfx_vec_lazy_states")
+    if known is not None and known[0] == ids:   # the same variables as last time (kept alive)
+        return nodes, known[2], known[3], kvars
     states, tf_vars = [], []
-    for v in kvars + list(optimizer.variables):
+    for v in all_vars:
         tfv, state = _state_of(v)
         if state is None:
             return "a variable off the lazy device"
         states.append(state)
         tf_vars.append(tfv)
+    optimizer.__dict__["_tfx_vec_lazy_states"] = (ids, all_vars, states, tf_vars)
     return nodes, states, tf_vars, kvars
 
 

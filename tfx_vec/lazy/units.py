@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import operator
 import sys
 import weakref
 from typing import Any, Callable
@@ -178,41 +179,47 @@ def _layers(owner: Any) -> list:
     return list(flatten(include_self=True, recursive=True)) if flatten is not None else [owner]
 
 
-def _snapshot(objects: list) -> tuple:
-    """The Python state of ``objects``: attribute names, values of numbers, strings and flags,
-    identity of everything else (kept alive, so an identity is never reused), one level into
-    lists, tuples and dicts; Keras' global dtype policy."""
-    from keras.src.backend.common import global_state
-    scalars: list = []
-    ids: list = []
-    keep: list = [global_state.get_global_attribute("dtype_policy")]
-    for o in objects:
-        keep.append(o)
-        keep.append(type(o))
-        for k, v in o.__dict__.items():
-            scalars.append(k)
-            t = type(v)
-            if t in _SCALARS:
-                scalars.append(v)
-                continue
-            keep.append(v)
-            if isinstance(v, (list, tuple)):
-                scalars.append(len(v))
-                for i in v:
-                    if type(i) in _SCALARS:
-                        scalars.append(i)
-                    else:
-                        keep.append(i)
-            elif isinstance(v, dict):
-                scalars.append(len(v))
-                for kk, i in v.items():
-                    scalars.append(kk if type(kk) in _SCALARS else id(kk))
-                    if type(i) in _SCALARS:
-                        scalars.append(i)
-                    else:
-                        keep.append(i)
-    ids = [id(o) for o in keep]
-    return tuple(scalars), tuple(ids), keep
+class Snapshot:
+    """The Python state of an owner: its layers' attributes (names and values, compared by
+    identity and kept alive, so an identity is never reused), one level into the lists,
+    tuples, sets and dicts among them, and Keras' global dtype policy.  Any attribute set,
+    added or removed, a container changed, a float or string replaced even by an equal one,
+    makes :meth:`same` false."""
+
+    __slots__ = ("objects", "containers", "items", "sizes")
+
+    def __init__(self, objects: list):
+        self.objects = objects
+        self.containers = [tuple(k for k, v in o.__dict__.items()
+                                 if isinstance(v, (list, tuple, set, dict))) for o in objects]
+        self.items, self.sizes = self._flat()
+
+    def _flat(self) -> tuple:
+        from keras.src.backend.common import global_state
+        items = [global_state.get_global_attribute("dtype_policy")]
+        sizes = []
+        for o, containers in zip(self.objects, self.containers):
+            d = o.__dict__
+            sizes.append(len(d))
+            items.append(type(o))
+            items.extend(d)
+            items.extend(d.values())
+            for k in containers:
+                v = d.get(k)
+                if isinstance(v, (list, tuple, set, dict)):
+                    sizes.append(len(v))
+                    items.extend(v)
+                    if isinstance(v, dict):
+                        items.extend(v.values())
+        return items, sizes
+
+    def same(self) -> bool:
+        """Whether the state is what it was when the snapshot was taken."""
+        items, sizes = self._flat()
+        return sizes == self.sizes and len(items) == len(self.items) and \
+            all(map(operator.is_, items, self.items))
+
+
 # }}}
 
 
@@ -342,7 +349,7 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
     spec = calls.CallSpec(replay, tf_vars, tuple((n.shape, n.dtype) for n in out_nodes),
                           assigned)
     watch = [v for i, v in enumerate(tf_vars) if id(states[i]) in probe.reads]
-    return Unit(spec, states, in_template, out_template, watch, _snapshot(layers))
+    return Unit(spec, states, in_template, out_template, watch, Snapshot(layers))
 
 
 def _record(unit: Unit, tensors: list) -> Any:
@@ -387,7 +394,8 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
         key = tuple([(x._shape_tuple(), x.dtype) if type(x) is ops.EagerTensor else x
                      for x in sig])
     except _Refuse as e:
-        metrics.bump(f"unit_eager::{e}")
+        if _on_device(tensors):
+            metrics.bump(f"unit_eager::{e}")
         return original(owner, *args, **kwargs)
     if not _on_device(tensors):
         return original(owner, *args, **kwargs)
@@ -396,17 +404,18 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
         cache = _units[owner] = {}
     known = cache.get(key)
     if known is not None:
-        state = _snapshot(_layers(owner))
-        if known[0] == state[:2]:
+        if known[0].same():
             if type(known[1]) is Unit:
                 try:
                     return _record(known[1], tensors)
                 except _Refuse as e:
                     metrics.bump(f"unit_eager::{e}")
                     return original(owner, *args, **kwargs)
-            metrics.bump(f"unit_eager::{known[1]}")
-            return original(owner, *args, **kwargs)
-        metrics.bump("unit_eager::python state changed")
+            if known[2] > 1:   # refused twice in a row in this state: no more probes
+                metrics.bump(f"unit_eager::{known[1]}")
+                return original(owner, *args, **kwargs)
+        else:
+            metrics.bump("unit_eager::python state changed")
     return _probe(owner, original, args, kwargs, cache, key, tensors, in_template)
 
 
@@ -428,10 +437,14 @@ def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dic
         return out
     try:
         unit = _make_unit(owner, original, probe, start, tensors, in_template, out)
-        cache[key] = (unit.snapshot[:2], unit)
+        cache[key] = (unit.snapshot, unit, 0)
     except _Refuse as e:
+        # A first refusal may be the first call's alone (building creates the variables):
+        # the call is probed again, and only a second refusal in a row is remembered.
         metrics.bump(f"unit_eager::{e}")
-        cache[key] = (_snapshot(_layers(owner))[:2], str(e))
+        known = cache.get(key)
+        again = known is not None and known[1] == str(e)
+        cache[key] = (Snapshot(_layers(owner)), str(e), known[2] + 1 if again else 1)
     return out
 # }}}
 
