@@ -62,6 +62,7 @@ import sys
 import weakref
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import tape as _tape_module
@@ -84,6 +85,10 @@ _tokens = itertools.count(1 << 40)   # call tokens of their own (calls.py counts
 
 class _Refuse(Exception):
     """A call that cannot be a unit (the message says why)."""
+
+
+class _Symbolic(Exception):
+    """A Keras symbolic call (building a functional model): never a unit, not counted."""
 
 
 class _Tensor:
@@ -127,14 +132,17 @@ def taint(reason: str) -> None:
 class Unit:
     """A call known to be replayable for one signature and one Python state of its owner."""
 
-    __slots__ = ("token", "spec", "states", "in_template", "out_template", "watch",
-                 "snapshot")
+    __slots__ = ("token", "spec", "states", "in_template", "out_template", "read", "watch",
+                 "snapshot", "vjps")
 
     def __init__(self, spec: calls.CallSpec, states: list, in_template: Any,
-                 out_template: Any, watch: list, snapshot: tuple):
+                 out_template: Any, read: tuple, snapshot: Any):
         self.token = next(_tokens)
+        self.read = read                       # positions of the variables the call reads
+        self.watch = [spec.variables[i] for i in read]
+        self.vjps: dict = {}                   # present output gradients -> (token, spec)
         calls.CALLS[self.token] = spec   # weakly: the unit (kept by its owner) holds it
-        self.spec, self.states, self.watch, self.snapshot = spec, states, watch, snapshot
+        self.spec, self.states, self.snapshot = spec, states, snapshot
         self.in_template, self.out_template = in_template, out_template
 
 
@@ -144,6 +152,8 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
     """``x`` with every tensor replaced by ``_T`` (appended to ``tensors``, its shape and
     dtype to ``sig``); other leaves appended to ``sig`` by value."""
     t = type(x)
+    if t is np.ndarray:      # Keras converts it at the call's entry: a host tensor here
+        x, t = tf.convert_to_tensor(x), ops.EagerTensor
     if t is ops.EagerTensor or isinstance(x, tf.Tensor):
         tensors.append(x)
         sig.append(x)   # replaced by its shape and dtype below (graph tensors: not needed)
@@ -159,6 +169,8 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
     if t is dict:
         sig.append((dict, tuple(x)))
         return {k: _template(v, tensors, sig) for k, v in x.items()}
+    if t.__name__ == "KerasTensor":
+        raise _Symbolic()
     raise _Refuse(f"an argument of type {t.__name__}")
 
 
@@ -348,8 +360,8 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
         return flat_out
     spec = calls.CallSpec(replay, tf_vars, tuple((n.shape, n.dtype) for n in out_nodes),
                           assigned)
-    watch = [v for i, v in enumerate(tf_vars) if id(states[i]) in probe.reads]
-    return Unit(spec, states, in_template, out_template, watch, Snapshot(layers))
+    read = tuple(i for i, s in enumerate(states) if id(s) in probe.reads)
+    return Unit(spec, states, in_template, out_template, read, Snapshot(layers))
 
 
 def _record(unit: Unit, tensors: list) -> Any:
@@ -358,24 +370,81 @@ def _record(unit: Unit, tensors: list) -> Any:
     recording = bool(tape_capture._recording)
     if recording:
         _tape_module.variables_accessed(unit.watch)   # as the eager reads would
+        pending = any(s._node is not s._read for s in unit.states)
     outs = calls.record_call(unit.spec, unit.token, nodes, unit.states)
     metrics.bump("units_recorded")
     results = [make_tensor(LazyTensor(n)) for n in outs]
     if recording and results:
-        name = type(unit.spec).__name__
-
-        def backward(*grads: Any) -> None:
-            raise LazyGradientError(
-                f"a gradient through a Keras call recorded as one node ({name}) had to run op "
-                f"by op (at {runtime.user_frame()}; see lazy.metrics() 'tape_eager::*' for "
-                "why).  Remove what stops the gradient from being recorded (a value read or a "
-                "host op inside the tape, several targets, nested tapes), or record Keras "
-                "calls op by op with lazy.configure(record_calls=False)")
-        sources = [t for t in tensors if t.dtype.is_floating or t.dtype.is_complex]
-        sources += [v.handle for v in unit.watch if v.trainable]
-        tape_capture._original["record_operation"]("TfxVecLazyUnit", results, sources,
-                                                   backward)
+        _on_tape(unit, tensors, nodes, results, pending)
     return _fill(unit.out_template, iter(results))
+
+
+def _on_tape(unit: Unit, tensors: list, nodes: list, results: list, pending: bool) -> None:
+    """Record the unit on TensorFlow's tape too, with a backward that records its
+    vector-Jacobian product as one more node (used only when a gradient runs op by op)."""
+    from . import ir
+    from .custom_device import make_tensor
+    stamp = next(ir.serials)
+    differentiable = [k for k, t in enumerate(tensors) if t.dtype.is_floating or
+                      t.dtype.is_complex]
+    trainable = [i for i, v in enumerate(unit.spec.variables)
+                 if i in unit.read and v.trainable]
+
+    def backward(*grads: Any) -> list:
+        why = "it updates variables" if unit.spec.assigned else \
+            "a variable it reads had a pending update" if pending else \
+            "a variable it reads was assigned since" if any(
+                s.last_assign > stamp for s in unit.states) else ""
+        if why:
+            raise LazyGradientError(
+                f"a gradient through a Keras call recorded as one node had to run op by op, "
+                f"and that call cannot be differentiated afterwards ({why}; at "
+                f"{runtime.user_frame()}; lazy.metrics() 'tape_eager::*' says why the gradient "
+                "was not recorded).  Remove what stops the gradient from being recorded (a "
+                "value read or a host op inside the tape, several targets, nested tapes), or "
+                "record Keras calls op by op with lazy.configure(record_calls=False)")
+        present = tuple(g is not None for g in grads)
+        vjp = unit.vjps.get(present)
+        if vjp is None:
+            vjp = unit.vjps[present] = _vjp(unit, nodes, differentiable, trainable, present)
+        metrics.bump("unit_vjps")
+        ogs = [_input_node(g) for g in grads if g is not None]
+        outs = calls.record_call(vjp[1], vjp[0], nodes + ogs, unit.states)
+        return [make_tensor(LazyTensor(n)) for n in outs]
+    sources = [tensors[k] for k in differentiable]
+    sources += [unit.spec.variables[i].handle for i in trainable]
+    tape_capture._original["record_operation"]("TfxVecLazyUnit", results, sources, backward)
+
+
+def _vjp(unit: Unit, nodes: list, differentiable: list, trainable: list,
+         present: tuple) -> tuple:
+    """(token, spec) of the unit's vector-Jacobian product: its arguments and the gradients
+    of its present outputs in; the gradients of its float arguments and read trainable
+    variables out (the call replayed under a tape, on the program's variables)."""
+    n = len(nodes)
+    variables = unit.spec.variables
+
+    def vjp(values: list) -> list:
+        xs = values[:n]
+        ogs = iter(values[n:])
+        handles = [variables[i].handle for i in trainable]   # the program's resources now
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            for k in differentiable:
+                tape.watch(xs[k])
+            for h in handles:
+                tape.watch(h)
+            outs = unit.spec.fn(xs)
+        og = [next(ogs) if p else tf.zeros_like(o) for p, o in zip(present, outs)]
+        grads = tape.gradient(outs, [xs[k] for k in differentiable] + handles,
+                              output_gradients=og,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [tf.convert_to_tensor(g) for g in grads]
+    outs = tuple((nodes[k].shape, nodes[k].dtype) for k in differentiable)
+    outs += tuple((tuple(variables[i].shape.as_list()), variables[i].dtype) for i in trainable)
+    spec = calls.CallSpec(vjp, variables, outs, ())
+    token = next(_tokens)
+    calls.CALLS[token] = spec
+    return token, spec
 
 
 def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
@@ -396,6 +465,8 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
     except _Refuse as e:
         if _on_device(tensors):
             metrics.bump(f"unit_eager::{e}")
+        return original(owner, *args, **kwargs)
+    except _Symbolic:
         return original(owner, *args, **kwargs)
     if not _on_device(tensors):
         return original(owner, *args, **kwargs)
@@ -424,6 +495,7 @@ def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dic
     from . import ir
     metrics.bump("unit_probes")
     probe = Probe()
+    before = Snapshot(_layers(owner))
     PROBES.append(probe)
     _depth[0] += 1
     start = next(ir.serials)
@@ -436,6 +508,8 @@ def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dic
         metrics.bump("unit_eager::too many signatures")
         return out
     try:
+        if not before.same():
+            raise _Refuse("the call changes the Python state of a layer")
         unit = _make_unit(owner, original, probe, start, tensors, in_template, out)
         cache[key] = (unit.snapshot, unit, 0)
     except _Refuse as e:
