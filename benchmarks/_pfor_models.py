@@ -47,14 +47,19 @@ def lstm_unrolled(params, xs: tf.Tensor, steps: int) -> tf.Tensor:
     return h
 
 
-def lstm_while(params, xs: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
-    """``xs: [T, d_in]`` -> hidden state after ``length`` steps (a ``tf.while_loop``)."""
+def lstm_while(params, xs: tf.Tensor, length: tf.Tensor, bounded: bool = False) -> tf.Tensor:
+    """``xs: [T, d_in]`` -> hidden state after ``length`` steps (a ``tf.while_loop``).
+
+    ``bounded``: ``maximum_iterations=T``, which XLA needs to compile the loop's gradient
+    (its accumulators get a fixed size); the other implementations run the plain loop.
+    """
     h, c = _state(params)
 
     def body(t, h, c):
         h, c = lstm_cell(params, tf.gather(xs, t), h, c)
         return t + 1, h, c
-    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c))
+    bound = {"maximum_iterations": tf.shape(xs)[0]} if bounded else {}
+    _, h, _ = tf.while_loop(lambda t, h, c: t < length, body, (tf.constant(0), h, c), **bound)
     return h
 
 # }}}
@@ -105,9 +110,55 @@ def vgg(params, image: tf.Tensor) -> tf.Tensor:
 # }}}
 
 
-def compiled(f):
-    """One ``tf.function`` per implementation under test (the models need no AutoGraph)."""
-    return tf.function(f, autograph=False)
+def compiled(f, jit_compile: bool = False):
+    """One ``tf.function`` per implementation under test (the models need no AutoGraph);
+    ``jit_compile=True`` compiles it with XLA."""
+    return tf.function(f, autograph=False, jit_compile=jit_compile)
+
+
+# {{{ JAX peer (optional: benchmarks only)
+
+def jax_available() -> bool:
+    """Whether JAX is installed (an optional peer of the benchmarks, never a dependency)."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+JAX_MISSING = "JAX is not installed (`pip install jax`): its column is skipped"
+
+
+def jax_mnist_per_example_grads(params: list[tf.Variable], images: tf.Tensor,
+                                labels: tf.Tensor):
+    """``jax.jit(jax.vmap(jax.grad(loss)))`` of the same MNIST convnet and parameters as
+    :func:`mnist_logits`, on the same batch (copied to JAX once): a function of no arguments
+    returning the per-example gradients."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    p = [jnp.asarray(v.numpy()) for v in params]
+
+    def logits(p, image):
+        k1, b1, k2, b2, w3, b3, w4, b4 = p
+        h = image[None]
+        for k, b in ((k1, b1), (k2, b2)):
+            h = lax.conv_general_dilated(h, k, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            h = jax.nn.relu(h + b)
+            h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "SAME")
+        h = jax.nn.relu(h.reshape(1, -1) @ w3 + b3)
+        return (h @ w4 + b4)[0]
+
+    def loss(p, image, label):
+        return -jax.nn.log_softmax(logits(p, image))[label]
+
+    grads = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))
+    xs, ys = jnp.asarray(images.numpy()), jnp.asarray(labels.numpy())
+    return lambda: jax.block_until_ready(grads(p, xs, ys))
+
+# }}}
 
 
 def measure_interleaved(report, case: str, impls: dict, *, items: float, rounds: int,

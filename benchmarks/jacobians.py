@@ -6,7 +6,8 @@ steps, the same LSTM as a dynamic ``tf.while_loop`` RNN, and a small VGG-style c
 
 - ``tfx_vec``: ``tfx_vec.jacobian(f, x)`` (pfor over the output rows);
 - ``while_loop``: ``tape.jacobian(..., experimental_use_pfor=False)``;
-- ``tf_pfor``: ``tape.jacobian(..., experimental_use_pfor=True)`` (TensorFlow's own pfor).
+- ``tf_pfor``: ``tape.jacobian(..., experimental_use_pfor=True)`` (TensorFlow's own pfor);
+- ``tfx_vec (jit_compile)``: ``tfx_vec.jacobian(f, x)`` inside ``tf.function(jit_compile=True)``.
 
 Run: ``.venv/bin/python -m benchmarks [--quick] jacobians``.
 """
@@ -29,16 +30,17 @@ def _models(out_size: int, quick: bool):
     def lstm_static(xs):
         return tf.linalg.matvec(lstm[2], M.lstm_unrolled(lstm, xs, 10), transpose_a=True)
 
-    def lstm_dynamic(xs):
-        h = M.lstm_while(lstm, xs, tf.shape(xs)[0])
+    def lstm_dynamic(xs, bounded=False):
+        h = M.lstm_while(lstm, xs, tf.shape(xs)[0], bounded)
         return tf.linalg.matvec(lstm[2], h, transpose_a=True)
 
     channels = (4, 8, 8) if quick else (8, 16, 32)
     conv = M.vgg_params(out_size, channels=channels, seed=out_size)
     image = tf.constant(rng.normal(size=[48, 48, 3]).astype(np.float32))
-    yield "lstm unrolled10", lstm_static, seq
-    yield "lstm while_loop", lstm_dynamic, seq
-    yield "vgg 48x48", lambda im: M.vgg(conv, im), image
+    yield "lstm unrolled10", lstm_static, lstm_static, seq
+    yield "lstm while_loop", lstm_dynamic, lambda xs: lstm_dynamic(xs, bounded=True), seq
+    vgg = lambda im: M.vgg(conv, im)  # noqa: E731
+    yield "vgg 48x48", vgg, vgg, image
 
 
 def _tape_jacobian(f, x, use_pfor):
@@ -55,12 +57,15 @@ def run(quick: bool) -> Report:
     sizes = [8, 32] if quick else [8, 32, 128]
     repeats, warmup = (3, 1) if quick else (5, 2)
     for size in sizes:
-        for model, f, x in _models(size, quick):
+        for model, f, f_xla, x in _models(size, quick):
             case = f"{model} out={size}"
             impls = {
                 "tfx_vec": M.compiled(lambda x, f=f: jacobian(f, x)),
                 "while_loop": M.compiled(lambda x, f=f: _tape_jacobian(f, x, False)),
                 "tf_pfor": M.compiled(lambda x, f=f: _tape_jacobian(f, x, True)),
+                # (XLA needs the while loop bounded to compile its gradient)
+                "tfx_vec (jit_compile)": M.compiled(lambda x, f=f_xla: jacobian(f, x),
+                                                    jit_compile=True),
             }
             M.measure_interleaved(report, case, {k: (lambda fn=fn, x=x: fn(x))
                                                  for k, fn in impls.items()},

@@ -9,7 +9,12 @@ the while loop's).  Implementations, each inside one ``tf.function``:
 - ``tfx_vec``: ``tfx_vec.per_example_gradients`` (pfor over the examples);
 - ``while_loop``: the same loss and ``tape.gradient`` per example in a ``tf.map_fn`` loop;
 - ``tf.vectorized_map``: TensorFlow's own pfor over the same per-example function (on
-  ``lstm varlen`` it fails at run time, noted in the report).
+  ``lstm varlen`` it fails at run time, noted in the report);
+- ``tfx_vec (jit_compile)``: ``tfx_vec.per_example_gradients`` inside
+  ``tf.function(jit_compile=True)``;
+- ``jax jit(vmap(grad))`` (MNIST only, when JAX is installed): the same convnet and
+  parameters in JAX, ``jax.jit(jax.vmap(jax.grad(loss)))``; its inputs are copied from
+  TensorFlow once, outside the timed calls.
 
 Run: ``.venv/bin/python -m benchmarks [--quick] per_example_gradients``.
 """
@@ -40,15 +45,15 @@ def _cases(quick: bool):
         logits = M.mnist_logits(mnist, image)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
-    def lstm_loss(example):
+    def lstm_loss(example, bounded=False):
         xs, label = example
-        h = M.lstm_while(lstm, xs, tf.shape(xs)[0])
+        h = M.lstm_while(lstm, xs, tf.shape(xs)[0], bounded)
         logits = tf.linalg.matvec(lstm[2], h, transpose_a=True)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
-    def lstm_varlen_loss(example):
+    def lstm_varlen_loss(example, bounded=False):
         xs, length, label = example
-        h = M.lstm_while(lstm, xs, length)
+        h = M.lstm_while(lstm, xs, length, bounded)
         logits = tf.linalg.matvec(lstm[2], h, transpose_a=True)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(label, logits)
 
@@ -85,6 +90,8 @@ def run(quick: bool) -> Report:
                     higher_is_better=True,
                     notes="CPU; per-example gradients of all parameters; each implementation "
                           "is one tf.function, timed after warm-up (tracing excluded).")
+    if not M.jax_available():
+        report.notes += "\n" + M.JAX_MISSING
     repeats, warmup = (3, 1) if quick else (5, 2)
     for case, loss_fn, variables, batch, b in _cases(quick):
         if "varlen" in case:
@@ -96,8 +103,26 @@ def run(quick: bool) -> Report:
                                       per_example_gradients(f, v, batch, use_pfor=False)),
             "tf.vectorized_map": M.compiled(lambda batch, f=loss_fn, v=variables:
                                              _tf_vectorized_map(f, v, batch)),
+            JIT: M.compiled(lambda batch, f=_bounded(loss_fn), v=variables:
+                            per_example_gradients(f, v, batch), jit_compile=True),
         }
-        M.measure_interleaved(report, case, {k: (lambda fn=fn, batch=batch: fn(batch))
-                                             for k, fn in impls.items()},
-                              items=b, rounds=repeats, warmup=warmup)
+        calls = {k: (lambda fn=fn, batch=batch: fn(batch)) for k, fn in impls.items()}
+        if case.startswith("mnist") and M.jax_available():
+            calls[JAX] = M.jax_mnist_per_example_grads(variables, *batch)
+        M.measure_interleaved(report, case, calls, items=b, rounds=repeats, warmup=warmup)
+        jit, jax_v = report.value(case, JIT), report.value(case, JAX)
+        if jit and jax_v:
+            report.notes += f"\n{case}: {JIT}/{JAX} = {jit / jax_v:.2f}x"
     return report
+
+
+JIT = "tfx_vec (jit_compile)"
+JAX = "jax jit(vmap(grad))"
+
+
+def _bounded(loss_fn):
+    """The loss with its while loops bounded (``maximum_iterations``) for XLA, if it has any."""
+    import inspect
+    if "bounded" in inspect.signature(loss_fn).parameters:
+        return lambda example: loss_fn(example, bounded=True)
+    return loss_fn

@@ -3,7 +3,8 @@
 Two models written for ONE example -- a linear projection (768-d input, constant 768x768
 matrix) and a small MNIST convnet (conv-relu-maxpool x2, dense-relu-dense) -- are run on a
 batch by ``tfx_vec.pfor``, ``tf.map_fn`` (a while loop), ``tf.vectorized_map`` (TensorFlow's
-pfor) and hand-batched code, all inside ``tf.function``, in one process.  The value is
+pfor) and hand-batched code, all inside ``tf.function``, in one process; ``tfx_vec.pfor`` and
+the hand-batched code also inside ``tf.function(jit_compile=True)``.  The value is
 throughput in examples/s (higher is better; ratios >1 mean tfx_vec wins).
 
 Also "first call": the time of the first call of a fresh ``tf.function`` (trace + vectorize +
@@ -62,9 +63,14 @@ def convnet_model(rng: np.random.Generator):
     return one, features, inputs
 
 
+JIT = "tfx_vec.pfor (jit_compile)"
+
+
 def implementations(one, batched):
     return {
         OURS: tf.function(lambda xs: tfx_vec.vectorized_map(one, xs)),
+        JIT: tf.function(lambda xs: tfx_vec.vectorized_map(one, xs), jit_compile=True),
+        "hand-batched (jit_compile)": tf.function(batched, jit_compile=True),
         "tf.vectorized_map": tf.function(lambda xs: tf.vectorized_map(one, xs)),
         "tf.map_fn (while_loop)": tf.function(
             lambda xs: tf.map_fn(one, xs, fn_output_signature=tf.float32)),

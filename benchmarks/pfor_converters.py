@@ -1,4 +1,6 @@
-"""Converter micro-benchmarks: tfx_vec.pfor vs tf.vectorized_map vs tf.map_fn (a while loop).
+"""Converter micro-benchmarks: tfx_vec.pfor vs tf.vectorized_map vs tf.map_fn (a while loop),
+and tfx_vec.pfor inside ``tf.function(jit_compile=True)`` (the ratio column
+``tfx_vec.pfor/tfx_vec.pfor (jit_compile)`` is the graph-mode time over the XLA time).
 
 One case per converter family whose formulation matters (grouped conv for per-iteration filters,
 per-example gradients through conv/pool backprops, segment-id offsets, right-hand sides folded
@@ -22,6 +24,9 @@ def _cases(n):
     a = r(64, 64) + 8 * tf.eye(64)
     rhs = r(n, 64, 8)
     bn_x = r(n, 8, 8, 8, 16)
+    signal = tf.complex(r(n, 64, 64), r(n, 64, 64))
+    sorted_rows = tf.sort(r(8, 4096), axis=-1)
+    queries, keys = r(n, 8, 256), r(n, 2048)
 
     def per_example_grad(i):
         with tf.GradientTape() as tape:
@@ -38,6 +43,9 @@ def _cases(n):
         "segment_sum, per-iteration data": lambda i: tf.math.segment_sum(tf.gather(seg_data, i), seg_ids),
         "solve, invariant 64x64 matrix": lambda i: tf.linalg.solve(a, tf.gather(rhs, i)),
         "fused_batch_norm (training)": lambda i: tf.compat.v1.nn.fused_batch_norm(tf.gather(bn_x, i), tf.ones([16]), tf.zeros([16]))[0],
+        "fft2d + irfft, per-iteration signal": lambda i: tf.signal.irfft(tf.signal.fft2d(tf.gather(signal, i))),
+        "searchsorted, invariant sorted rows": lambda i: tf.searchsorted(sorted_rows, tf.gather(queries, i)),
+        "argsort / top_k, per-iteration keys": lambda i: (tf.argsort(tf.gather(keys, i)), tf.math.top_k(tf.gather(keys, i), 16).values),
     }
 
 
@@ -51,11 +59,16 @@ def run(quick: bool) -> Report:
     return report
 
 
+JIT = "tfx_vec.pfor (jit_compile)"
+
+
 def _implementations(body, n: int) -> dict:
     idx = tf.range(n)
     spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), body(tf.constant(0)))
     return {
         "tfx_vec.pfor": tf.function(lambda: tfx_vec.pfor(body, n, fallback_to_while_loop=False)),
+        JIT: tf.function(lambda: tfx_vec.pfor(body, n, fallback_to_while_loop=False),
+                         jit_compile=True),
         "tf.vectorized_map": tf.function(lambda: tf.vectorized_map(body, idx)),
         "tf.map_fn": tf.function(lambda: tf.map_fn(body, idx, fn_output_signature=spec)),
     }

@@ -8,7 +8,9 @@ reference, in the modes listed in ``modes`` (default: all of them):
 - ``"function"``: inside a ``tf.function`` with ``iters`` a Python int;
 - ``"dynamic"``: inside a ``tf.function`` with ``iters`` a run-time int32 tensor;
 - ``"one"``: with ``iters == 1``;
-- ``"chunked"``: through ``vectorized_map(loop_fn, tf.range(iters), chunk_size=2)``.
+- ``"chunked"``: through ``vectorized_map(loop_fn, tf.range(iters), chunk_size=2)``;
+- ``"xla"``: inside a ``tf.function(jit_compile=True)`` (not in ``ALL_MODES``: compiling is
+  slow; tests of XLA-specific formulations ask for it).
 
 ``check_op(op, arrays)`` enumerates every stacked/invariant combination of an op's inputs
 (never all invariant): a stacked input is ``tf.gather(per_iteration_stack, i)``, an invariant
@@ -54,6 +56,8 @@ def _run(mode: str, loop_fn: Callable, iters: int, **kw) -> Any:
         return fn(tf.constant(iters, tf.int32))
     if mode == "one":
         return tfx_vec.pfor(loop_fn, 1, **kw)
+    if mode == "xla":
+        return tf.function(lambda: tfx_vec.pfor(loop_fn, iters, **kw), jit_compile=True)()
     if mode == "chunked":
         return tfx_vec.vectorized_map(loop_fn, tf.range(iters), chunk_size=2,
                                       **kw)

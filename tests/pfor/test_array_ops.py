@@ -78,6 +78,9 @@ ONE_INPUT = [
     ("ExtractImagePatches", lambda x: tf.image.extract_patches(
         x, [1, 2, 2, 1], [1, 1, 1, 1], [1, 1, 1, 1], "VALID"), a(1, 3, 3, 2)),
     ("Assert", lambda x: tf.identity(x) if tf.debugging.assert_less(x, 100.0) is None else x, a(2)),
+    ("Diag-rank1", lambda x: tf.raw_ops.Diag(diagonal=x), a(3)),
+    ("Diag-rank2", lambda x: tf.raw_ops.Diag(diagonal=x), a(2, 3)),
+    ("DiagPart", lambda x: tf.raw_ops.DiagPart(input=tf.reshape(x, [2, 3, 2, 3])), a(6, 6)),
 ]
 
 
@@ -103,6 +106,12 @@ TWO_INPUTS = [
     ("Cross", tf.linalg.cross, a(2, 3), a(2, 3)),
     ("MatrixSetDiag", lambda x, d: tf.linalg.set_diag(x, d), a(3, 3), a(3)),
     ("MatrixSetDiagV3-k", lambda x, d: tf.linalg.set_diag(x, d, k=1), a(3, 3), a(2)),
+    ("Roll-per-iteration-shift", lambda x, s: tf.roll(x, s, [0, 1, 1]), a(3, 4),
+     np.array([1, -2, 3], np.int32)),
+    ("Roll-scalar-shift", lambda x, s: tf.roll(x, s[0], 0), a(5, 2), np.array([2], np.int32)),
+    ("LowerBound", lambda s, v: tf.searchsorted(tf.sort(s), v), a(2, 6), a(2, 4)),
+    ("UpperBound", lambda s, v: tf.searchsorted(tf.sort(s), v, side="right", out_type=tf.int64),
+     a(2, 6), np.round(a(2, 4))),
     ("BroadcastArgs", lambda x, y: tf.raw_ops.BroadcastArgs(s0=tf.shape(x) * 0 + tf.abs(y[:2]) + 1,
                                                             s1=tf.constant([1, 1])),
      a(2), a(3, dtype=np.int32)),
@@ -182,3 +191,34 @@ def test_random_shapes_transpose_slice_concat(shape, rnd):
         t = tf.transpose(u, perm)
         return tf.concat([t, tf.transpose(v, perm)], axis)[..., ::-1], tf.reduce_sum(u, axis)
     check_op(fn, [x, y], modes=("eager",))
+
+
+def test_searchsorted_under_xla_is_a_binary_search():
+    for side in ("left", "right"):
+        check_op(lambda s, v: tf.searchsorted(tf.sort(s), v, side=side), [a(2, 7), np.round(a(2, 5))],
+                 combos=[(True, True), (False, True)], modes=("xla",))
+
+
+def test_gather_from_params_of_unknown_rank():
+    x = tf.constant(a(3, 4, 2))
+    unknown = tf.function(lambda p: tfx_vec.pfor(lambda i: (
+        tf.gather(p, i, axis=1), tf.gather(p, [i, 1], axis=-1), tf.gather(tf.gather(p, i), 1)),
+        2, fallback_to_while_loop=False), input_signature=[tf.TensorSpec(None, tf.float32)])
+    got = unknown(x)
+    xv = x.numpy()
+    np.testing.assert_array_equal(got[0].numpy(), np.stack([xv[:, i] for i in range(2)]))
+    np.testing.assert_array_equal(got[1].numpy(), np.stack([xv[..., [i, 1]] for i in range(2)]))
+    np.testing.assert_array_equal(got[2].numpy(), xv[:2, 1])
+
+
+def test_shape_arguments_that_depend_on_the_loop_index_are_named():
+    x = tf.constant(a(3, 2, 3))
+    with pytest.raises(tfx_vec.VectorizationError, match="expected to be loop invariant"):
+        tfx_vec.pfor(lambda i: tf.tile(tf.gather(x, i), [i, 1]), 2, fallback_to_while_loop=False)
+
+
+def test_select_with_scalar_and_row_conditions():
+    check_op(lambda c, t, e: tf.raw_ops.Select(condition=c > 0, x=t, y=e),
+             [a(2), a(2, 3, 4), a(2, 3, 4)])
+    check_op(lambda c, t, e: tf.raw_ops.Select(condition=c > 0, x=t, y=e),
+             [a(), a(3, 4), a(3, 4)])

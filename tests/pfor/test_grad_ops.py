@@ -69,6 +69,40 @@ def test_conv2d_backprop_every_combination():
              rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("strides,dilations,padding", [
+    ([1, 2, 1, 1], 1, "SAME"), (1, 2, "VALID"), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]])],
+    ids=["strided", "dilated_valid", "explicit"])
+def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding):
+    """Under XLA, per-iteration filters and per-example filter gradients are one batched
+    matmul of patches (XLA's grouped convolutions are hundreds of times slower)."""
+    conv = lambda x, f: tf.nn.conv2d(x, f, strides, padding, dilations=dilations)  # noqa: E731
+    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, 3], [3, 2, 3, 4])
+    check_op(vjp(conv), [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
+             rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
+    check_op(conv, [rand(2, 6, 5, 3), rand(3, 2, 3, 4)], combos=[(True, True)],
+             modes=("xla",), rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_per_example_filter_gradient_under_xla():
+    conv = lambda x, f: tf.nn.conv3d(x, f, [1, 1, 2, 1, 1], "SAME")  # noqa: E731
+    def filter_grad(x, f, dy):
+        with tf.GradientTape() as tape:
+            tape.watch(f)
+            y = conv(x, f)
+        return tape.gradient(y, f, output_gradients=dy)
+    stacks = _conv_grad_stacks(conv, 3, [1, 4, 5, 4, 2], [2, 3, 2, 2, 3])
+    check_op(filter_grad, [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
+             rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
+
+
+def _conv_grad_stacks(conv, n, x_shape, f_shape):
+    """Per-iteration (images, filter, upstream) with the upstream shaped like the output."""
+    xs = np.stack([rand(*x_shape) for _ in range(n)])
+    fs = np.stack([rand(*f_shape) for _ in range(n)])
+    out_shape = conv(tf.constant(xs[0]), tf.constant(fs[0])).shape.as_list()
+    return [xs, fs, np.stack([rand(*out_shape) for _ in range(n)])]
+
+
 def test_conv2d_backprop_run_time_loop_length():
     conv = lambda x, f: tf.nn.conv2d(x, f, 1, "SAME")  # noqa: E731
     for combo in [(True, True, True), (False, True, True), (True, False, True)]:
@@ -259,3 +293,21 @@ def test_per_example_gradients_mlp_and_lstm():
     _per_example_check(loss_fn, weights, [rand(3, 5), rand(3, 2, 5)], 3, rtol=1e-4, atol=1e-4)
 
 # }}}
+
+
+def test_fused_batch_norm_grad_of_unknown_static_shape():
+    """Per-iteration statistics folded into channels with no static channel count."""
+    x, dy = tf.constant(rand(3, 2, 3, 4, 5)), tf.constant(rand(3, 2, 3, 4, 5))
+    scale, offset = tf.constant(rand(5, low=0.5)), tf.constant(rand(5))
+
+    def body(xs, dys):
+        def loop_fn(i):
+            xi = tf.gather(xs, i)
+            with tf.GradientTape() as tape:
+                tape.watch(xi)
+                y = tf.compat.v1.nn.fused_batch_norm(xi, scale, offset, is_training=True)[0]
+            return tape.gradient(y, xi, output_gradients=tf.gather(dys, i))
+        return tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False)
+    unknown = tf.function(body, input_signature=[tf.TensorSpec([None] * 5, tf.float32)] * 2)
+    np.testing.assert_allclose(unknown(x, dy).numpy(), tf.function(body)(x, dy).numpy(),
+                               rtol=1e-5, atol=1e-5)

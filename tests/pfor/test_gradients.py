@@ -170,3 +170,68 @@ def test_per_example_gradients_through_a_while_loop_rnn():
             loss = loss_fn((seqs[i], lengths[i]))
         np.testing.assert_allclose(ours[0][i].numpy(), tape.gradient(loss, w).numpy(),
                                    rtol=1e-4, atol=1e-6)
+
+
+# {{{ TensorFlow's semantics: None for no dependency, integer sources, first dimensions
+
+def test_no_dependency_gives_none_as_tensorflow_or_zeros_on_request():
+    x, z = tf.constant([1.0, 2.0]), tf.constant([3.0])
+    assert G.jacobian(lambda a, b: a * 2.0, [x, z])[1] is None
+    assert G.jacobian(lambda a, b: a * 2.0, [x, z], mode="forward")[1] is None
+    zero = G.jacobian(lambda a, b: a * 2.0, [x, z], unconnected_gradients="zero")[1]
+    assert zero.shape == (2, 1) and not zero.numpy().any()
+    assert G.batch_jacobian(lambda a: tf.ones([2, 3]), tf.ones([2, 4])) is None
+    with tf.Graph().as_default():
+        y = tf.constant([[2.0]])
+        assert G.jacobian(y, tf.constant([[1.0]])) is None
+        assert G.batch_jacobian(y, tf.constant([[1.0]])) is None
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = x * 3.0
+    assert G.jacobian(y, [x, z], tape=tape)[1] is None
+
+
+def test_integer_sources_give_none_with_a_warning():
+    with pytest.warns(UserWarning, match="int32"):
+        assert G.jacobian(lambda a: tf.cast(a, tf.float32) * 2.0, tf.constant([1, 2])) is None
+    w = tf.Variable([1.0, 2.0])
+    with pytest.warns(UserWarning, match="int32"):
+        g = G.per_example_gradients(lambda e: tf.reduce_sum(w * tf.cast(e, tf.float32)),
+                                    {"w": w, "k": tf.constant(3)}, tf.ones([4, 2], tf.int32))
+    assert g["k"] is None and g["w"].shape == (4, 2)
+
+
+def test_batch_jacobian_checks_the_first_dimension():
+    with pytest.raises(ValueError, match="Need first dimension of `output`"):
+        G.batch_jacobian(lambda a: tf.concat([a, a], 0), tf.ones([2, 2]))
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32)
+        jac = G.batch_jacobian(tf.concat([x, x], axis=0), x)
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="same first dimension"):
+                sess.run(jac, feed_dict={x: [[1.0, 2.0], [3.0, 4.0]]})
+
+
+def test_per_example_gradients_take_any_structure_of_variables():
+    w, b = tf.Variable(RNG.normal(size=[3]).astype(np.float32)), tf.Variable(0.5)
+    xs = tf.constant(RNG.normal(size=[5, 3]).astype(np.float32))
+
+    def loss(e):
+        return tf.reduce_sum(tf.sin(w * e)) * b
+    bare = G.per_example_gradients(loss, w, xs)
+    assert isinstance(bare, tf.Tensor) and bare.shape == (5, 3)
+    nested = G.per_example_gradients(loss, {"w": w, "pair": (b, w)}, xs)
+    for k in range(5):
+        with tf.GradientTape() as tape:
+            value = loss(xs[k])
+        gw, gb = tape.gradient(value, [w, b])
+        np.testing.assert_allclose(bare[k].numpy(), gw.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(nested["pair"][0][k].numpy(), gb.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(nested["pair"][1][k].numpy(), gw.numpy(), rtol=1e-5, atol=1e-6)
+    unused = tf.Variable(1.0)
+    none = G.per_example_gradients(loss, [w, unused], xs, unconnected_gradients="none")
+    assert none[1] is None
+    zeros = G.per_example_gradients(loss, [w, unused], xs)
+    assert zeros[1].shape == (5,) and not zeros[1].numpy().any()
+
+# }}}

@@ -205,3 +205,16 @@ def test_matmul_stacked_invariant_is_one_matmul():
     types = [op.type for op in g.get_operations()]
     assert types.count("MatMul") == 1 and "BatchMatMulV2" not in types and "Tile" not in types
     assert all(combo for combo in stacking_combinations(2))
+
+
+def test_igamma_gradient_and_xla_einsum():
+    from tensorflow.compiler.tf2xla.python import xla
+    a = random_array(np.random.default_rng(3), (2, 3), np.float32, 0.5, 3.0)
+    x = random_array(np.random.default_rng(4), (2, 3), np.float32, 0.5, 3.0)
+    check_op(lambda a, x: tf.raw_ops.IgammaGradA(a=a, x=x), [a, x], rtol=1e-4, atol=1e-5)
+    check_op(lambda p, q: xla.einsum(p, q, "ab,bc->ac"), [a, x.T.copy()], rtol=1e-5, atol=1e-5)
+
+
+def test_add_n_of_stacked_and_invariant_terms():
+    check_op(lambda p, q: tf.math.add_n([p, q, p]), [random_array(np.random.default_rng(6),
+                                                                  (2, 3), np.float32)] * 2)

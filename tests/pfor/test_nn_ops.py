@@ -22,7 +22,7 @@ from tests.support import random_array
 RNG = np.random.default_rng(2024)
 
 
-# {{{ helpers shared by the P2 test files
+# {{{ helpers shared by the converter test files
 
 def rand(*shape: int, low: float = -2.0, high: float = 2.0, dtype=np.float32) -> np.ndarray:
     """Random values without zeros (see ``tests.support.random_array``)."""

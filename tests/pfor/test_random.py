@@ -90,10 +90,21 @@ def test_stateless_ops_are_exact_in_every_mode():
         check_pfor(body, 5, modes=("eager",), randomness=mode)
 
 
-def test_stateless_ops_with_loop_variant_seed_are_exact_via_fallback():
+def test_stateless_ops_with_loop_variant_seed_are_exact_per_iteration():
+    """No batched kernel reproduces each seed's draw: they run once per iteration, exactly,
+    even with fallbacks off (as in TensorFlow's pfor), and are counted."""
+    logits = tf.math.log(tf.constant([[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]))
+
     def body(i):
-        return tf.random.stateless_normal([3], tf.stack([i, 7]))
+        seed = tf.stack([i, 7])
+        return (tf.random.stateless_normal([3], seed),
+                tf.random.stateless_categorical(logits * tf.cast(i + 1, tf.float32), 4, seed),
+                tf.random.stateless_categorical(logits, 4, [1, 2]))
     expected = reference(body, 4)
-    actual = tfx_vec.pfor(body, 4)
-    assert_all_close(actual.numpy(), expected, 1e-6, 1e-6, "per-iteration seeds")
-    assert len({row.tobytes() for row in actual.numpy()}) == 4
+    tfx_vec.reset_fallbacks()
+    actual = tfx_vec.pfor(body, 4, fallback_to_while_loop=False)
+    for a, e in zip(actual, expected):
+        assert_all_close(a.numpy(), e, 1e-6, 1e-6, "per-iteration seeds")
+    assert len({row.tobytes() for row in actual[0].numpy()}) == 4
+    report = tfx_vec.fallback_report()
+    assert report.get("StatelessRandomGetKeyCounter") or report.get("StatelessMultinomial")

@@ -24,10 +24,13 @@ from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, lookup, regis
 from tfx_vec.pfor.vectorizer import FallbackReport, Vectorizer, fallback_report, reset_fallbacks
 from tfx_vec.pfor.api import cache_stats, pfor, vectorized_map
 from tfx_vec.pfor.trace import PforConfig
+from tfx_vec.pfor import data  # noqa: F401  (``tfx_vec.pfor.data.map_and_batch``, no import needed)
+from tfx_vec.pfor.gradients import batch_jacobian, hessian, jacobian, per_example_gradients
 
 __all__ = ["pfor", "vectorized_map", "register_converter", "lookup", "registered_op_types",
            "VectorizationError", "PforError", "WrappedTensor", "ConversionInput", "Vectorizer",
-           "fallback_report", "reset_fallbacks", "FallbackReport", "PforConfig", "cache_stats"]
+           "fallback_report", "reset_fallbacks", "FallbackReport", "PforConfig", "cache_stats",
+           "jacobian", "batch_jacobian", "hessian", "per_example_gradients", "data"]
 
 
 class _CallableModule(types.ModuleType):

@@ -35,6 +35,12 @@ def map_and_batch(fn: Callable[..., Any], batch_size: int, *, drop_remainder: bo
       batch_size: elements per batch (a positive Python int).
       drop_remainder: drop the final partial batch, as ``Dataset.batch`` does.
       fallback_to_while_loop, randomness: pfor's options.
+
+    Example:
+      >>> import tensorflow as tf
+      >>> ds = tf.data.Dataset.from_tensor_slices(tf.range(6.0))
+      >>> [b.numpy().tolist() for b in ds.apply(map_and_batch(lambda v: v + 1.0, 4))]
+      [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0]]
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"map_and_batch: batch_size must be a positive int, got {batch_size!r}")

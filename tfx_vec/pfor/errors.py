@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+__all__ = ["PforError", "VectorizationError", "user_source_line", "op_error",
+           "runtime_message", "from_runtime_error", "RUNTIME_MARKER"]
+
 #: Marker put into run-time assertion messages so that the eager entry points can turn the
 #: resulting ``InvalidArgumentError`` back into a :class:`VectorizationError`.
 RUNTIME_MARKER = "tfx_vec.VectorizationError"
@@ -25,13 +28,28 @@ _LIBRARY_PARTS = (os.sep + "tensorflow" + os.sep, os.sep + "keras" + os.sep,
 
 
 class PforError(Exception):
-    """Root of every error raised by ``tfx_vec.pfor``."""
+    """Root of every error raised by ``tfx_vec.pfor``.
+
+    Example:
+        >>> issubclass(VectorizationError, PforError)
+        True
+    """
 
 
 class VectorizationError(PforError, ValueError):
     """An op (or a use of pfor) that cannot be vectorized.
 
     ``op_type`` and ``source`` ("file:line") say which op and which user line created it.
+
+    Example:
+        >>> import tensorflow as tf, tfx_vec
+        >>> x = tf.constant([[1, 2], [3, 4]])
+        >>> try:
+        ...     tfx_vec.pfor(lambda i: tf.tile(tf.gather(x, i), [i + 1]), 2,
+        ...                  fallback_to_while_loop=False)
+        ... except VectorizationError as e:
+        ...     print(e.op_type)
+        Tile
     """
 
     def __init__(self, message: str, *, op_type: str | None = None, source: str | None = None):
@@ -50,7 +68,15 @@ def _is_library_frame(filename: str) -> bool:
 
 
 def user_source_line(op: Any) -> str | None:
-    """The "file:line" of the innermost frame of ``op.traceback`` outside the libraries."""
+    """The "file:line" of the innermost frame of ``op.traceback`` outside the libraries.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> op = tf.function(lambda: tf.constant(1.0) + 1.0).get_concrete_function(
+        ...     ).graph.get_operations()[-2]
+        >>> user_source_line(op).startswith("<doctest")
+        True
+    """
     try:
         frames = list(op.traceback)
     except Exception:  # an op without a traceback (e.g. imported from a GraphDef)
@@ -64,17 +90,38 @@ def user_source_line(op: Any) -> str | None:
 
 
 def op_error(op: Any, message: str) -> VectorizationError:
-    """A :class:`VectorizationError` for ``op`` with its type and user source line."""
+    """A :class:`VectorizationError` for ``op`` with its type and user source line.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = tf.function(lambda: tf.constant(1.0)).get_concrete_function().graph
+        >>> op_error(g.get_operations()[0], "unsupported").op_type
+        'Const'
+    """
     return VectorizationError(message, op_type=op.type, source=user_source_line(op))
 
 
 def runtime_message(op: Any, message: str) -> str:
-    """Text for a run-time assertion about ``op`` (recognised by :func:`from_runtime_error`)."""
+    """Text for a run-time assertion about ``op`` (recognised by :func:`from_runtime_error`).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = tf.function(lambda: tf.constant(1.0)).get_concrete_function().graph
+        >>> runtime_message(g.get_operations()[0], "ragged").startswith(RUNTIME_MARKER)
+        True
+    """
     return f"{RUNTIME_MARKER}: {op_error(op, message)}"
 
 
 def from_runtime_error(err: BaseException) -> VectorizationError | None:
-    """Turn a TF run-time error raised by one of our assertions into a VectorizationError."""
+    """Turn a TF run-time error raised by one of our assertions into a VectorizationError.
+
+    Example:
+        >>> str(from_runtime_error(RuntimeError(RUNTIME_MARKER + ": Where: ragged")))
+        'Where: ragged'
+        >>> from_runtime_error(RuntimeError("something else")) is None
+        True
+    """
     text = getattr(err, "message", None) or str(err)
     if RUNTIME_MARKER not in text:
         return None

@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -67,6 +68,36 @@ def _zeros_for_none(grads: Sequence[Any], sources: Sequence[Any]) -> list[tf.Ten
             for g, s in zip(grads, sources)]
 
 
+_UNCONNECTED = ("none", "zero")
+
+
+def _check_traced(connected: list, rows: Sequence) -> None:
+    """The loop body records which sources are connected while it is traced; a result
+    without that record would silently drop gradients."""
+    if len(connected) != len(rows):
+        raise RuntimeError("tfx_vec.pfor.gradients: the loop body was not traced for this "
+                           "call, so which sources the target depends on is unknown")
+
+
+def _check_unconnected(unconnected_gradients) -> str:
+    value = getattr(unconnected_gradients, "value", unconnected_gradients)
+    if value not in _UNCONNECTED:
+        raise ValueError(f"unconnected_gradients must be one of {_UNCONNECTED} (or a "
+                         f"tf.UnconnectedGradients), got {unconnected_gradients!r}")
+    return value
+
+
+def _differentiable(source, what: str) -> bool:
+    """Whether ``source`` has a gradient dtype; warns (as TensorFlow does) when not."""
+    dtype = tf.as_dtype(source.dtype)
+    if dtype.is_floating or dtype.is_complex:
+        return True
+    warnings.warn(f"{what}: the source {getattr(source, 'name', '')} has dtype {dtype.name}; "
+                  "gradients exist only for floating and complex sources, so its result is "
+                  "None", stacklevel=4)
+    return False
+
+
 def _graph_mode(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` inside one ``tf.function`` trace when eager, so nested tapes stay symbolic."""
     if tf.executing_eagerly():
@@ -85,7 +116,8 @@ def _check_mode(mode: str) -> None:
 def jacobian(f_or_target: Callable[..., Any] | tf.Tensor, sources: Any, *,
              tape: tf.GradientTape | None = None, mode: str = "reverse",
              use_pfor: bool = True, parallel_iterations: int | None = None,
-             fallback_to_while_loop: bool = True) -> Any:
+             fallback_to_while_loop: bool = True,
+             unconnected_gradients: str | tf.UnconnectedGradients = "none") -> Any:
     """The jacobian of ``f(sources)`` (or of ``target``) with respect to ``sources``.
 
     Args:
@@ -98,22 +130,28 @@ def jacobian(f_or_target: Callable[..., Any] | tf.Tensor, sources: Any, *,
       mode: ``"reverse"`` (one vectorized backward pass over the ``y.size`` rows) or
         ``"forward"`` (one vectorized forward pass over the ``x.size`` columns; needs ``f``).
       use_pfor: vectorize with pfor; False runs the per-row loop as a ``tf.while_loop``.
-      parallel_iterations: passed to pfor's fallback loops / the while_loop.
+      parallel_iterations: as in pfor: at most this many rows vectorized at a time.
       fallback_to_while_loop: allow pfor's counted per-op fallback (False: raise instead).
+      unconnected_gradients: ``"none"`` (as ``tape.jacobian`` and TensorFlow's
+        ``jacobian``): a source ``y`` does not depend on gives ``None``; ``"zero"``: zeros.
 
     Returns:
       For each source ``x``, a tensor of shape ``y.shape + x.shape`` (same structure as
-      ``sources``); sources ``y`` does not depend on give zeros.
+      ``sources``); ``None`` for a source ``y`` does not depend on (see above) and, with a
+      warning, for an integer source (no gradient exists).
 
     Example:
       >>> import tensorflow as tf
       >>> x = tf.constant([1.0, 2.0, 3.0])
       >>> jacobian(lambda x: tf.reduce_sum(x) * x, x, mode="forward").shape.as_list()
       [3, 3]
+      >>> print(jacobian(lambda x: tf.ones([2]), x))
+      None
     """
     _check_mode(mode)
     opts = dict(use_pfor=use_pfor, parallel_iterations=parallel_iterations,
-                fallback_to_while_loop=fallback_to_while_loop)
+                fallback_to_while_loop=fallback_to_while_loop,
+                unconnected=_check_unconnected(unconnected_gradients))
     if callable(f_or_target) and not isinstance(f_or_target, (tf.Tensor, tf.Variable)):
         f = f_or_target
         if mode == "forward":
@@ -142,34 +180,41 @@ def _as_source(s):
 
 
 def _gradient_fn(target, tape):
-    """``g(cotangent, sources) -> grads`` via the tape, or ``tf.gradients`` in a graph."""
+    """``g(cotangent, sources) -> grads`` (None where unconnected) via the tape, or
+    ``tf.gradients`` in a graph."""
     if tape is not None:
-        return lambda ct, flat: tape.gradient(
-            target, flat, output_gradients=ct,
-            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return lambda ct, flat: tape.gradient(target, flat, output_gradients=ct)
     if tf.executing_eagerly():
         raise ValueError("jacobian of a computed tensor in eager mode needs tape=...; or pass "
                          "a function: tfx_vec.jacobian(f, x)")
-    return lambda ct, flat: tf.gradients(target, flat, grad_ys=ct,
-                                         unconnected_gradients="zero")
+    return lambda ct, flat: tf.gradients(target, flat, grad_ys=ct)
 
 
 def _reverse_jacobian(target, sources, tape, *, use_pfor, parallel_iterations,
-                      fallback_to_while_loop):
+                      fallback_to_while_loop, unconnected):
     target = tf.convert_to_tensor(target)
     flat = tf.nest.flatten(sources)
+    wanted = [k for k, s in enumerate(flat) if _differentiable(s, "jacobian")]
     grad = _gradient_fn(target, tape)
     y_shape = tf.shape(target)
     m = tf.size(target)
+    sources_in = [flat[k] for k in wanted]
+    connected: list[bool] = []
 
     def loop_fn(i):
         ct = tf.reshape(tf.one_hot(i, m, dtype=target.dtype), y_shape)
-        return _zeros_for_none(grad(ct, flat), flat)
+        grads = grad(ct, sources_in) if sources_in else []
+        connected[:] = [g is not None for g in grads]
+        return _zeros_for_none(grads, sources_in)
 
-    rows = _parallel_map(loop_fn, m, [_spec(s) for s in flat], use_pfor=use_pfor,
+    rows = _parallel_map(loop_fn, m, [_spec(s) for s in sources_in], use_pfor=use_pfor,
                          parallel_iterations=parallel_iterations,
-                         fallback_to_while_loop=fallback_to_while_loop)
-    out = [_unflatten_rows(r, target, s) for r, s in zip(rows, flat)]
+                         fallback_to_while_loop=fallback_to_while_loop) if sources_in else []
+    _check_traced(connected, rows)
+    out = [None] * len(flat)
+    for k, r, c in zip(wanted, rows, connected):
+        if c or unconnected == "zero":
+            out[k] = _unflatten_rows(r, target, flat[k])
     return tf.nest.pack_sequence_as(sources, out)
 
 
@@ -180,39 +225,59 @@ def _unflatten_rows(rows: tf.Tensor, target: tf.Tensor, source) -> tf.Tensor:
     return out
 
 
-def _forward_jacobian(f, sources, *, use_pfor, parallel_iterations, fallback_to_while_loop):
+def _forward_jacobian(f, sources, *, use_pfor, parallel_iterations, fallback_to_while_loop,
+                      unconnected):
     sources = tf.nest.map_structure(_as_source, sources)
     primals = tf.nest.flatten(sources)
-    flat = [tf.convert_to_tensor(s) for s in primals]
+    wanted = [k for k, s in enumerate(primals) if _differentiable(s, "jacobian")]
+    with tf.GradientTape() as tape:  # one plain forward pass: y's shape, what y depends on
+        tape.watch([primals[k] for k in wanted])
+        y0 = _call(f, sources)
+    connected = [g is not None for g in tape.gradient(y0, [primals[k] for k in wanted])]
+    keep = [k for k, c in zip(wanted, connected) if c or unconnected == "zero"]
+    out = [None] * len(primals)
+    if keep:
+        for k, block in zip(keep, _forward_columns(f, sources, primals, keep, _spec(y0),
+                                                   use_pfor, parallel_iterations,
+                                                   fallback_to_while_loop)):
+            out[k] = block
+    return tf.nest.pack_sequence_as(sources, out)
+
+
+def _forward_columns(f, sources, primals, keep, y_spec, use_pfor, parallel_iterations,
+                     fallback_to_while_loop) -> list[tf.Tensor]:
+    """``[*y, *x.shape]`` for each source ``primals[k]``, ``k`` in ``keep``: one vectorized
+    forward pass over the columns of all of them."""
+    flat = [tf.convert_to_tensor(primals[k]) for k in keep]
     sizes = [tf.size(s) for s in flat]
     total = tf.add_n(sizes) if len(sizes) > 1 else sizes[0]
     offsets = tf.cumsum(tf.stack(sizes), exclusive=True)
 
     def loop_fn(j):
         tangents = []
-        for k, s in enumerate(flat):
-            hot = tf.one_hot(j - offsets[k], sizes[k], dtype=s.dtype)
+        for k, s in zip(keep, flat):
+            pos = keep.index(k)
+            hot = tf.one_hot(j - offsets[pos], sizes[pos], dtype=s.dtype)
             tangents.append(tf.reshape(hot, tf.shape(s)))
-        with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
+        with tf.autodiff.ForwardAccumulator([primals[k] for k in keep], tangents) as acc:
             y = _call(f, sources)
         return acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-    y_spec = _spec(_call(f, sources))  # one plain forward pass, for the output's shape
     cols = _parallel_map(loop_fn, total, y_spec, use_pfor=use_pfor,
                          parallel_iterations=parallel_iterations,
                          fallback_to_while_loop=fallback_to_while_loop)  # [x.size, *y]
     y_shape = tf.shape(cols)[1:]
     y_rank = tf.size(y_shape)
     out, start = [], 0
-    for k, s in enumerate(flat):
-        block = cols[start:start + sizes[k]] if len(flat) > 1 else cols  # [x.size, *y]
-        start += sizes[k]
+    for pos, s in enumerate(flat):
+        block = cols[start:start + sizes[pos]] if len(flat) > 1 else cols  # [x.size, *y]
+        start += sizes[pos]
         perm = tf.concat([tf.range(1, y_rank + 1), [0]], 0)
         moved = tf.transpose(block, perm)  # [*y, x.size]
         res = tf.reshape(moved, tf.concat([y_shape, tf.shape(s)], 0))
         res.set_shape(y_spec.shape.concatenate(s.shape))
         out.append(res)
-    return tf.nest.pack_sequence_as(sources, out)
+    return out
 
 # }}}
 
@@ -223,13 +288,18 @@ def _forward_jacobian(f, sources, *, use_pfor, parallel_iterations, fallback_to_
 def batch_jacobian(f_or_target: Callable[[tf.Tensor], tf.Tensor] | tf.Tensor, source, *,
                    tape: tf.GradientTape | None = None, use_pfor: bool = True,
                    parallel_iterations: int | None = None,
-                   fallback_to_while_loop: bool = True) -> tf.Tensor:
+                   fallback_to_while_loop: bool = True,
+                   unconnected_gradients: str | tf.UnconnectedGradients = "none"
+                   ) -> tf.Tensor | None:
     """Per-row jacobians ``[b, *y.shape[1:], *x.shape[1:]]`` of ``y = f(x)`` (``x: [b, ...]``).
 
     Row ``k`` of ``y`` must depend on row ``k`` of ``x`` only (as in
     ``tf.GradientTape.batch_jacobian``); the loop runs over the ``prod(y.shape[1:])``
     per-example output elements, each iteration back-propagating a one-hot cotangent in every
-    batch row at once.
+    batch row at once.  ``y`` and ``x`` must have the same first dimension: a ``ValueError``
+    when their static shapes disagree, a run-time assertion otherwise.  ``None`` (with
+    ``unconnected_gradients="none"``, as TensorFlow) when ``y`` does not depend on ``x``, or,
+    with a warning, when ``x`` is an integer tensor.
 
     Example:
       >>> import tensorflow as tf
@@ -238,7 +308,8 @@ def batch_jacobian(f_or_target: Callable[[tf.Tensor], tf.Tensor] | tf.Tensor, so
       [4, 3, 3]
     """
     opts = dict(use_pfor=use_pfor, parallel_iterations=parallel_iterations,
-                fallback_to_while_loop=fallback_to_while_loop)
+                fallback_to_while_loop=fallback_to_while_loop,
+                unconnected=_check_unconnected(unconnected_gradients))
     if callable(f_or_target) and not isinstance(f_or_target, (tf.Tensor, tf.Variable)):
         f = f_or_target
 
@@ -252,19 +323,34 @@ def batch_jacobian(f_or_target: Callable[[tf.Tensor], tf.Tensor] | tf.Tensor, so
     return _batch_jacobian(f_or_target, source, tape, **opts)
 
 
-def _batch_jacobian(target, source, tape, **opts):
+def _batch_jacobian(target, source, tape, *, unconnected, **opts):
     target = tf.convert_to_tensor(target)
+    x = tf.convert_to_tensor(source)
+    if not target.shape[:1].is_compatible_with(x.shape[:1]):
+        raise ValueError(f"batch_jacobian: Need first dimension of `output` shape "
+                         f"({target.shape}) and `inp` shape ({x.shape}) to match (row k of "
+                         "the output must depend on row k of the input only)")
+    if not _differentiable(source, "batch_jacobian"):
+        return None
     grad = _gradient_fn(target, tape)
     y_shape = tf.shape(target)
     b = y_shape[0]
-    m = tf.size(target) // tf.maximum(b, 1)
+    check = tf.debugging.assert_equal(
+        b, tf.shape(x)[0], message="batch_jacobian: the output and the input must have the "
+                                   "same first dimension")
+    with tf.control_dependencies([check]):
+        m = tf.size(target) // tf.maximum(b, 1)
+    connected: list[bool] = []
 
     def loop_fn(j):
         ct = tf.tile(tf.one_hot(j, m, dtype=target.dtype)[None, :], tf.stack([b, 1]))
-        return _zeros_for_none(grad(tf.reshape(ct, y_shape), [source]), [source])[0]
+        g = grad(tf.reshape(ct, y_shape), [source])
+        connected[:] = [g[0] is not None]
+        return _zeros_for_none(g, [source])[0]
 
-    x = tf.convert_to_tensor(source)
     cols = _parallel_map(loop_fn, m, _spec(x), **opts)  # [m, b, *x[1:]]
+    if not connected[0] and unconnected == "none":
+        return None
     rank = tf.rank(cols)
     moved = tf.transpose(cols, tf.concat([[1, 0], tf.range(2, rank)], 0))
     out = tf.reshape(moved, tf.concat([y_shape, tf.shape(x)[1:]], 0))
@@ -290,6 +376,8 @@ def hessian(f: Callable[..., tf.Tensor], x, *, use_pfor: bool = True,
     opts = dict(use_pfor=use_pfor, parallel_iterations=parallel_iterations,
                 fallback_to_while_loop=fallback_to_while_loop)
 
+    opts["unconnected"] = "zero"   # d/dx of a zero inner jacobian is a zero hessian
+
     def run():
         inner = lambda v: _function_jacobian(f, v, **opts)  # noqa: E731
         return _function_jacobian(inner, _as_source(x), **opts)
@@ -301,21 +389,25 @@ def hessian(f: Callable[..., tf.Tensor], x, *, use_pfor: bool = True,
 # {{{ per-example gradients
 
 @_library_code
-def per_example_gradients(loss_fn: Callable[[Any], tf.Tensor], variables: Sequence[tf.Variable],
+def per_example_gradients(loss_fn: Callable[[Any], tf.Tensor], variables: Any,
                           batch: Any, *, use_pfor: bool = True,
                           parallel_iterations: int | None = None,
-                          fallback_to_while_loop: bool = True) -> list[tf.Tensor]:
+                          fallback_to_while_loop: bool = True,
+                          unconnected_gradients: str | tf.UnconnectedGradients = "zero"
+                          ) -> Any:
     """Gradients of ``loss_fn(example)`` for each example of ``batch``, kept separate.
 
     Args:
       loss_fn: maps one example (``batch`` with its leading axis indexed away; a tuple/dict
         structure is kept) to a scalar loss.
-      variables: the variables (or tensors) to differentiate with respect to.
+      variables: the variables (or tensors) to differentiate with respect to: one, or any
+        nested structure of them (as ``tape.gradient`` takes them).
       batch: a tensor or nested structure of tensors with a common leading batch size ``b``.
+      unconnected_gradients: ``"zero"`` (default): zeros for a variable the loss does not
+        depend on; ``"none"``: ``None`` there, as ``tape.gradient`` gives.
 
     Returns:
-      One tensor ``[b, *v.shape]`` per variable ``v`` (zeros where the loss does not depend
-      on it).
+      The structure of ``variables`` with one tensor ``[b, *v.shape]`` per variable ``v``.
 
     Example:
       >>> import tensorflow as tf
@@ -323,27 +415,42 @@ def per_example_gradients(loss_fn: Callable[[Any], tf.Tensor], variables: Sequen
       >>> g = per_example_gradients(lambda x: tf.reduce_sum(w * x), [w], tf.ones([5, 2]))
       >>> g[0].shape.as_list()
       [5, 2]
+      >>> per_example_gradients(lambda x: tf.reduce_sum(w * x), w, tf.ones([5, 2])).shape
+      TensorShape([5, 2])
     """
-    variables = list(variables)
+    unconnected = _check_unconnected(unconnected_gradients)
+    flat_vars = tf.nest.flatten(variables)
+    if not flat_vars:
+        raise ValueError("per_example_gradients needs at least one variable")
     leaves = tf.nest.flatten(batch)
     if not leaves:
         raise ValueError("per_example_gradients needs a non-empty batch")
+    wanted = [k for k, v in enumerate(flat_vars) if _differentiable(v, "per_example_gradients")]
 
     def run():
         n = tf.shape(leaves[0])[0]
+        chosen = [flat_vars[k] for k in wanted]
+        connected: list[bool] = []
 
         def loop_fn(i):
             example = tf.nest.map_structure(lambda t: tf.gather(t, i), batch)
             with tf.GradientTape() as tape:
-                for v in variables:
+                for v in chosen:
                     tape.watch(v)
                 loss = loss_fn(example)
-            return _zeros_for_none(tape.gradient(loss, variables), variables)
+            grads = tape.gradient(loss, chosen)
+            connected[:] = [g is not None for g in grads]
+            return _zeros_for_none(grads, chosen)
 
-        spec = [_spec(tf.convert_to_tensor(v)) for v in variables]
-        return _parallel_map(loop_fn, n, spec, use_pfor=use_pfor,
+        spec = [_spec(tf.convert_to_tensor(v)) for v in chosen]
+        rows = _parallel_map(loop_fn, n, spec, use_pfor=use_pfor,
                              parallel_iterations=parallel_iterations,
-                             fallback_to_while_loop=fallback_to_while_loop)
+                             fallback_to_while_loop=fallback_to_while_loop) if chosen else []
+        _check_traced(connected, rows)
+        out = [None] * len(flat_vars)
+        for k, r, c in zip(wanted, rows, connected):
+            out[k] = r if c or unconnected == "zero" else None
+        return tf.nest.pack_sequence_as(variables, out)
     return _graph_mode(run)
 
 # }}}

@@ -24,12 +24,20 @@ import tensorflow as tf
 
 from tfx_vec.pfor.errors import VectorizationError, op_error
 
+__all__ = ["WrappedTensor", "ConversionInput", "register_converter", "lookup",
+           "registered_op_types", "defined_in", "tile_to_stacked"]
+
 
 class WrappedTensor(NamedTuple):
     """A value of the vectorized program.
 
     ``t`` has shape ``[n, *per_iteration_shape]`` when ``is_stacked`` (one row per iteration),
     otherwise the per-iteration shape (the value is the same in every iteration).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> WrappedTensor(tf.zeros([4, 3]), True).is_stacked
+        True
     """
 
     t: tf.Tensor
@@ -41,7 +49,13 @@ Converter = Callable[["ConversionInput"], ConverterResult]
 
 
 def tile_to_stacked(t: tf.Tensor, loop_len: tf.Tensor) -> tf.Tensor:
-    """Tile a loop-invariant value to ``[n, *t.shape]`` (only when an op really needs it)."""
+    """Tile a loop-invariant value to ``[n, *t.shape]`` (only when an op really needs it).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> tile_to_stacked(tf.constant([1, 2]), 3).numpy().tolist()
+        [[1, 2], [1, 2], [1, 2]]
+    """
     t = tf.convert_to_tensor(t)
     expanded = tf.expand_dims(t, 0)
     multiples = tf.concat([tf.reshape(tf.cast(loop_len, tf.int32), [1]),
@@ -50,7 +64,19 @@ def tile_to_stacked(t: tf.Tensor, loop_len: tf.Tensor) -> tf.Tensor:
 
 
 class ConversionInput:
-    """What a converter receives for one op of the loop body."""
+    """What a converter receives for one op of the loop body: the op, its converted inputs
+    (``input(i)``, ``stacked_input(i)``, ``unstacked_input(i)``), the loop length, and ways
+    to decline (``require_invariant``, ``decline``) or to run the op per iteration.
+
+    Example (a converter for a hypothetical element-wise op):
+        >>> import tensorflow as tf
+        >>> def convert(x: ConversionInput):
+        ...     if not x.require_invariant(1):          # e.g. a shape argument
+        ...         return None
+        ...     return WrappedTensor(tf.abs(x.stacked_input(0)), True)
+        >>> callable(convert)
+        True
+    """
 
     def __init__(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor,
                  vectorizer: Any):
@@ -59,6 +85,8 @@ class ConversionInput:
         self.inputs = list(inputs)
         self.loop_len = loop_len
         self.vectorizer = vectorizer
+        #: Why the converter declined (returned None), for the error when fallbacks are off.
+        self.decline_reason: str | None = None
 
     def input(self, i: int) -> WrappedTensor:
         return self.inputs[i]
@@ -72,9 +100,32 @@ class ConversionInput:
         """Input ``i``, which must be loop-invariant (e.g. an ``axis`` or a ``shape``)."""
         w = self.inputs[i]
         if w.is_stacked:
-            raise op_error(self.op, f"input {i} ({self.op.inputs[i].name}) must be the same in "
-                                    "every iteration, but it depends on the loop index")
+            raise op_error(self.op, f"input {i} ({self.op.inputs[i].name}) is expected to be "
+                                    "loop invariant (the same in every iteration), but it "
+                                    "depends on the loop index")
         return w.t
+
+    def require_invariant(self, *indices: int) -> bool:
+        """True when inputs ``indices`` are loop-invariant; otherwise False, recording why
+        (a converter then returns None: the op runs per iteration, or the error when
+        fallbacks are off names these inputs)."""
+        stacked = [i for i in indices if self.inputs[i].is_stacked]
+        if stacked:
+            names = ", ".join(f"input {i} ({self.op.inputs[i].name})" for i in stacked)
+            self.decline_reason = (f"{names} expected to be loop invariant, but depends on "
+                                   "the loop index")
+        return not stacked
+
+    def per_iteration(self) -> list[WrappedTensor]:
+        """Run this op once per iteration (counted in ``fallback_report()``) even when
+        fallbacks are off: for ops whose exact result no batched kernel can give (stateless
+        random ops with a loop-variant seed), as TensorFlow's pfor does."""
+        return self.vectorizer.run_per_iteration(self.op, self.inputs, self.loop_len)
+
+    def decline(self, reason: str) -> None:
+        """Return ``x.decline(why)`` from a converter: no vectorized form for this case."""
+        self.decline_reason = reason
+        return None
 
     def is_stacked(self, i: int) -> bool:
         return self.inputs[i].is_stacked
@@ -109,6 +160,14 @@ def register_converter(*op_types: str, override: bool = False) -> Callable[[Conv
 
     Registering an op type that already has a converter replaces it; without
     ``override=True`` this also warns and is recorded in :data:`DUPLICATES`.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> @register_converter("MySquareOp", override=True)
+        ... def _square(x):
+        ...     return WrappedTensor(tf.square(x.stacked_input(0)), True)
+        >>> lookup("MySquareOp") is _square
+        True
     """
     if not op_types or not all(isinstance(t, str) and t for t in op_types):
         raise TypeError("register_converter needs one or more op type names, e.g. "
@@ -129,15 +188,30 @@ def register_converter(*op_types: str, override: bool = False) -> Callable[[Conv
 
 
 def lookup(op_type: str) -> Converter | None:
-    """The converter for ``op_type``, or None."""
+    """The converter for ``op_type``, or None.
+
+    Example:
+        >>> lookup("MatMul") is not None, lookup("NoSuchOp")
+        (True, None)
+    """
     return _CONVERTERS.get(op_type)
 
 
 def registered_op_types() -> list[str]:
-    """Sorted names of every op type with a converter."""
+    """Sorted names of every op type with a converter.
+
+    Example:
+        >>> "Conv2D" in registered_op_types() and "FFT" in registered_op_types()
+        True
+    """
     return sorted(_CONVERTERS)
 
 
 def defined_in(op_type: str) -> str | None:
-    """The module that registered the converter for ``op_type``."""
+    """The module that registered the converter for ``op_type``.
+
+    Example:
+        >>> defined_in("FFT")
+        'tfx_vec.pfor.converters.spectral_ops'
+    """
     return _DEFINED_IN.get(op_type)

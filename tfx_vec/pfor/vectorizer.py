@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import warnings
@@ -40,6 +41,9 @@ from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
 from tfx_vec.pfor.errors import VectorizationError, op_error, runtime_message, user_source_line
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, lookup, tile_to_stacked
 
+__all__ = ["Vectorizer", "FallbackReport", "fallback_report", "reset_fallbacks", "Reduction",
+           "per_iteration_loop", "RANDOMNESS"]
+
 RANDOMNESS = ("different", "same", "error")
 
 
@@ -47,7 +51,14 @@ RANDOMNESS = ("different", "same", "error")
 
 class FallbackReport(dict):
     """``{op_type: count}`` of ops that ran in a per-iteration loop; ``.sources`` gives the
-    user source lines (``{op_type: {"file:line": count}}``)."""
+    user source lines (``{op_type: {"file:line": count}}``).
+
+    Example:
+        >>> r = FallbackReport({"WriteFile": 2}, {"WriteFile": {"model.py:3": 2}})
+        >>> print(r)
+        pfor fallbacks (op type: count  [source lines]):
+          WriteFile: 2  [model.py:3 x2]
+    """
 
     def __init__(self, counts: dict[str, int], sources: dict[str, dict[str, int]]):
         super().__init__(counts)
@@ -82,18 +93,31 @@ def fallback_report() -> FallbackReport:
 
 
 def reset_fallbacks() -> None:
-    """Forget every recorded fallback."""
+    """Forget every recorded fallback.
+
+    Example:
+        >>> reset_fallbacks(); len(fallback_report())
+        0
+    """
     _FALLBACKS.clear()
 
 # }}}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Reduction:
-    """A cross-iteration reduction requested through ``config.reduce*`` in the loop body."""
+    """A cross-iteration reduction requested through ``config.reduce*`` in the loop body:
+    ``fn`` of the per-iteration ``values`` (tensors of the traced graph) stacked over all
+    iterations.
 
-    fn: Callable[[tf.Tensor], tf.Tensor]
-    value: tf.Tensor           # the per-iteration value in the traced graph
+    Example:
+        >>> import tensorflow as tf
+        >>> Reduction(lambda s: tf.reduce_sum(s, 0), []).values
+        []
+    """
+
+    fn: Callable[..., Any]
+    values: list
 
 
 class Vectorizer:
@@ -103,11 +127,24 @@ class Vectorizer:
     fallback loops), ``randomness`` ("different": each iteration draws its own random numbers;
     "same": one draw shared by all; "error": refuse random ops), ``xla`` (emitting inside a
     ``jit_compile=True`` trace, where data-dependent shapes are not allowed).
+
+    Example (what ``pfor`` does, written out):
+        >>> import tensorflow as tf
+        >>> from tfx_vec.pfor.trace import trace_function
+        >>> body = trace_function(lambda x: x * 3.0, [tf.TensorSpec([2], tf.float32)])
+        >>> @tf.function
+        ... def run(xs):
+        ...     out, = Vectorizer(tf.shape(xs)[0]).convert_graph(
+        ...         body.graph, [WrappedTensor(xs, True)] + body.capture_inputs())
+        ...     return out.t
+        >>> run(tf.ones([3, 2])).numpy().tolist()
+        [[3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
     """
 
     def __init__(self, loop_len: tf.Tensor | int, *, fallback_to_while_loop: bool = True,
                  parallel_iterations: int | None = None, randomness: str = "different",
-                 xla: bool = False, reductions: dict[str, Reduction] | None = None):
+                 xla: bool = False,
+                 reductions: dict[str, tuple[Reduction, int]] | None = None):
         if randomness not in RANDOMNESS:
             raise ValueError(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
         self.loop_len = tf.cast(tf.convert_to_tensor(loop_len), tf.int32)
@@ -116,8 +153,12 @@ class Vectorizer:
         self.randomness = randomness
         self.xla = xla
         self.reductions = dict(reductions or {})
+        self._reduced: dict[Reduction, list[tf.Tensor]] = {}
         #: (op type, source line) of every op of this conversion that fell back to a loop.
         self.fallbacks: list[tuple[str, str | None]] = []
+        #: For each converted op without outputs (a side effect), the ops emitted for it.
+        self.side_effects: dict[tf.Operation, list[tf.Operation]] = {}
+        self._inherited: dict[tf.Operation, frozenset] = {}
 
     # {{{ graph walk
 
@@ -137,17 +178,55 @@ class Vectorizer:
             if not isinstance(w, WrappedTensor):
                 raise TypeError(f"convert_graph inputs must be WrappedTensor, got {w!r}")
             env[t.ref()] = w
-        extra = {}  # a reduction's placeholder depends on the reduced value
-        for red_name, red in self.reductions.items():
-            if red.value.graph is graph:
-                extra[graph.get_tensor_by_name(red_name).op] = [red.value.op]
-        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra)
+        extra = {}  # a reduction's placeholder depends on the reduced values
+        underlying = getattr(graph, "graph", graph)   # (a trace.GraphView: the real graph)
+        members = set(graph.get_operations())
+        for red_name, (red, _) in self.reductions.items():
+            if red.values and red.values[0].graph is underlying and red.values[0].op in members:
+                extra[graph.get_tensor_by_name(red_name).op] = [v.op for v in red.values]
+        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra,
+                             members)
         for op in _topological_order(graph, needed, extra):
             if not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
         return [env[t.ref()] for t in graph.outputs]
 
     def _convert_op(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
+        # The body's control dependencies (e.g. on a print) hold between the emitted ops.
+        deps = self._converted_control_inputs(op, env)
+        with tf.control_dependencies(deps) if deps else contextlib.nullcontext():
+            if not op.outputs:
+                graph = tf.compat.v1.get_default_graph()
+                before = len(graph.get_operations())
+                self._convert_op_outputs(op, env, loop_len)
+                self.side_effects[op] = graph.get_operations()[before:]
+            else:
+                self._convert_op_outputs(op, env, loop_len)
+
+    def _converted_control_inputs(self, op: tf.Operation, env: dict) -> list:
+        """The emitted ops standing for ``op``'s control inputs (those of this graph).
+
+        Side effects (ops without outputs, e.g. a print) are inherited along data edges too:
+        a converter may drop an input that carried the dependency (a constant axis read as a
+        Python value), so every op downstream of one keeps it.
+        """
+        inherited: set = set()
+        for t in op.inputs:
+            inherited |= self._inherited.get(t.op, frozenset())
+        deps = []
+        for c in op.control_inputs:
+            inherited |= self._inherited.get(c, frozenset())
+            if c in self.side_effects:
+                inherited |= set(self.side_effects[c])
+            elif c.outputs and c.outputs[0].ref() in env:
+                deps.append(env[c.outputs[0].ref()].t.op)
+        if inherited:
+            self._inherited[op] = frozenset(inherited)
+        graph = tf.compat.v1.get_default_graph()
+        return [d for d in deps + sorted(inherited, key=lambda o: o.name)
+                if getattr(d, "graph", None) is graph]
+
+    def _convert_op_outputs(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
         if op.type == "Placeholder":
             self._convert_placeholder(op, env, loop_len)
             return
@@ -159,11 +238,11 @@ class Vectorizer:
             outs = create_op_like(op, [w.t for w in inputs])
             result = [WrappedTensor(t, False) for t in outs]
         else:
-            result = None
+            result, reason = None, None
             if converter is not None:
-                result = self._call_converter(converter, op, inputs, loop_len)
+                result, reason = self._call_converter(converter, op, inputs, loop_len)
             if result is None:
-                result = self._fallback(op, inputs, loop_len)
+                result = self._fallback(op, inputs, loop_len, reason)
         for t, w in zip(op.outputs, result):
             env[t.ref()] = w
 
@@ -175,15 +254,21 @@ class Vectorizer:
         return not op.outputs or self.randomness == "same"
 
     def _convert_placeholder(self, op: tf.Operation, env: dict, loop_len: tf.Tensor) -> None:
-        red = self.reductions.get(op.outputs[0].name)
-        if red is None:
+        entry = self.reductions.get(op.outputs[0].name)
+        if entry is None:
             raise op_error(op, f"placeholder {op.name} of the loop body is not bound to a value")
-        w = env[red.value.ref()]
-        stacked = w.t if w.is_stacked else tile_to_stacked(w.t, loop_len)
-        out = tf.convert_to_tensor(red.fn(stacked))
-        env[op.outputs[0].ref()] = WrappedTensor(out, False)
+        red, k = entry
+        if red not in self._reduced:  # fn runs once for all of its outputs
+            stacked = []
+            for v in red.values:
+                w = env[v.ref()]
+                stacked.append(w.t if w.is_stacked else tile_to_stacked(w.t, loop_len))
+            self._reduced[red] = [tf.convert_to_tensor(o)
+                                  for o in tf.nest.flatten(red.fn(*stacked))]
+        env[op.outputs[0].ref()] = WrappedTensor(self._reduced[red][k], False)
 
     def _call_converter(self, converter, op, inputs, loop_len):
+        """(outputs or None, why the converter declined)."""
         x = ConversionInput(op, inputs, loop_len, self)
         try:
             result = converter(x)
@@ -195,26 +280,41 @@ class Vectorizer:
             if not self.fallback_to_while_loop:
                 raise err from e
             warnings.warn(f"{err}; running this op in a per-iteration loop instead")
-            return None
+            return None, None
         if result is None:
-            return None
+            return None, x.decline_reason
         if isinstance(result, WrappedTensor):
             result = [result]
         result = list(result)
         _check_result(op, result)
-        return result
+        return result, None
 
     # }}}
 
     # {{{ fallback: one op in a per-iteration loop
 
-    def _fallback(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor
-                  ) -> list[WrappedTensor]:
+    def _fallback(self, op: tf.Operation, inputs: list[WrappedTensor], loop_len: tf.Tensor,
+                  reason: str | None = None) -> list[WrappedTensor]:
         source = user_source_line(op)
+        stacked = [w.is_stacked for w in inputs]
+        why = f" ({reason})" if reason else ""
+        if any(w.is_stacked and w.t.dtype == tf.variant and w.t.shape.rank == 0
+               for w in inputs):
+            raise op_error(op, f"No pfor vectorization defined for this op{why}, and it takes a "
+                               "TensorList holding every iteration's elements, which a "
+                               "per-iteration loop cannot split; inputs "
+                               f"stacked={stacked}")
         if not self.fallback_to_while_loop:
-            raise op_error(op, "no vectorized converter for this op with inputs "
-                               f"stacked={[w.is_stacked for w in inputs]} and "
+            raise op_error(op, f"No pfor vectorization defined for this op{why}: no vectorized "
+                               f"converter for this op with inputs stacked={stacked} and "
                                "fallback_to_while_loop=False")
+        return self.run_per_iteration(op, inputs, loop_len, source)
+
+    def run_per_iteration(self, op: tf.Operation, inputs: list[WrappedTensor],
+                          loop_len: tf.Tensor, source: str | None = None
+                          ) -> list[WrappedTensor]:
+        """``op`` in a per-iteration loop, counted in :func:`fallback_report`."""
+        source = source or user_source_line(op)
         if self.xla:
             warnings.warn(f"{op_error(op, 'falls back to a per-iteration loop inside an XLA trace')}")
         self.fallbacks.append((op.type, source))
@@ -230,6 +330,19 @@ def per_iteration_loop(op: tf.Operation, inputs: Sequence[WrappedTensor], loop_l
 
     Every output must have the same shape in every iteration; otherwise a run-time assertion
     fails with a message naming the op (turned into a VectorizationError by the eager API).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = tf.function(lambda x: tf.reduce_sum(x)).get_concrete_function(
+        ...     tf.TensorSpec([3], tf.float32)).graph
+        >>> op = [o for o in g.get_operations() if o.type == "Sum"][0]
+        >>> @tf.function
+        ... def run(xs):
+        ...     out, = per_iteration_loop(op, [WrappedTensor(xs, True),
+        ...                                    WrappedTensor(tf.constant(0), False)], 2)
+        ...     return out.t
+        >>> run(tf.ones([2, 3])).numpy().tolist()
+        [3.0, 3.0]
     """
     out_dtypes = [o.dtype for o in op.outputs]
     if not out_dtypes:  # side effects only (e.g. Assert, Print): run it, nothing to stack
@@ -297,13 +410,14 @@ def _is_stateful(op: tf.Operation) -> bool:
 
 
 def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Operation],
-                extra: dict | None = None) -> set:
-    """Ops the outputs depend on (through data and control edges, and ``extra`` ones)."""
+                extra: dict | None = None, members: set | None = None) -> set:
+    """Ops the outputs depend on (through data and control edges, and ``extra`` ones),
+    among ``members`` (the body's ops) when given."""
     seen: set = set()
     stack = [t.op for t in outputs] + list(control_outputs)
     while stack:
         op = stack.pop()
-        if op in seen:
+        if op in seen or (members is not None and op not in members):
             continue
         seen.add(op)
         stack.extend(t.op for t in op.inputs)

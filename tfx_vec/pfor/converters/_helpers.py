@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.python.eager import execute
 from tensorflow.python.framework import ops as tf_ops
 
+from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
 
@@ -408,6 +409,19 @@ def batch_folding(*op_types: str) -> None:
     _family(op_types, _batch_folding)
 
 # }}}
+
+
+def assert_same_across(x: ConversionInput, per_iteration: tf.Tensor, what: str) -> tf.Tensor:
+    """``per_iteration[0]``, after a run-time check that every iteration has the same value."""
+    first = tf.cond(tf.size(per_iteration) > 0, lambda: per_iteration[0],
+                    lambda: tf.zeros([], per_iteration.dtype)) if not x.vectorizer.xla \
+        else per_iteration[0]
+    check = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(per_iteration, first)),
+        [runtime_message(x.op, what + " (a ragged result cannot be stacked); per-iteration "
+                               "values:"), per_iteration], summarize=20)
+    with tf.control_dependencies([check]):
+        return tf.identity(first)
 
 
 def loop_len_static(x: ConversionInput) -> int | None:

@@ -15,22 +15,21 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (batch_folding, create_op_like,
-                                              elementwise, same_shape,
+from tfx_vec.pfor.converters._helpers import (assert_same_across, batch_folding, create_op_like,
+                                              elementwise, fold_batch, same_shape, unfold_batch,
                                               expand_after_batch, move_axis, per_iteration_rank,
                                               reemit_stacked, shift_axis, stacked, static_value)
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
 
 elementwise("MatrixDiag", "MatrixDiagPart", "Bucketize", "RGBToHSV", "HSVToRGB",
             "AdjustContrastv2", "AdjustHue", "AdjustSaturation")
 same_shape("Cross")
 batch_folding("SpaceToDepth", "DepthToSpace", "ResizeBilinear", "ResizeNearestNeighbor",
               "ResizeBicubic", "ResizeArea", "ExtractImagePatches", "Dilation2D")
-
-
-def _invariant(x: ConversionInput, *indices: int) -> bool:
-    return not any(x.is_stacked(i) for i in indices)
 
 
 def _shifted(axis) -> tf.Tensor:
@@ -58,7 +57,7 @@ def _with_batch(x: ConversionInput, shape: tf.Tensor) -> tf.Tensor:
 
 @register_converter("Reshape")
 def _reshape(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     t = x.stacked_input(0)
     return stacked(tf.reshape(t, _with_batch(x, x.input(1).t)))
@@ -66,7 +65,7 @@ def _reshape(x: ConversionInput):
 
 @register_converter("ExpandDims")
 def _expand_dims(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     return reemit_stacked(x, [x.input(0).t, _shifted(x.input(1).t)])
 
@@ -85,7 +84,7 @@ def _squeeze(x: ConversionInput):
 
 @register_converter("Transpose", "ConjugateTranspose")
 def _transpose(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     perm, rank = x.input(1).t, per_iteration_rank(x.input(0))
     value = static_value(perm)
@@ -103,7 +102,7 @@ def _transpose(x: ConversionInput):
 
 @register_converter("BroadcastTo")
 def _broadcast_to(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     shape = x.input(1).t
     target_rank = shape.shape[0] if shape.shape.rank == 1 else None
@@ -133,7 +132,7 @@ def _broadcast_args(x: ConversionInput):
 @register_converter("ConcatV2")
 def _concat(x: ConversionInput):
     n = len(x.inputs) - 1
-    if x.is_stacked(n):
+    if not x.require_invariant(n):
         return None
     values = [x.stacked_input(i) for i in range(n)]
     return stacked(tf.concat(values, axis=_shifted(x.input(n).t)))
@@ -141,7 +140,7 @@ def _concat(x: ConversionInput):
 
 @register_converter("Concat")
 def _concat_v1(x: ConversionInput):
-    if x.is_stacked(0):
+    if not x.require_invariant(0):
         return None
     values = [x.stacked_input(i) for i in range(1, len(x.inputs))]
     return stacked(tf.concat(values, axis=_shifted(x.input(0).t)))
@@ -162,21 +161,21 @@ def _unpack(x: ConversionInput):
 
 @register_converter("Split")
 def _split(x: ConversionInput):
-    if x.is_stacked(0):
+    if not x.require_invariant(0):
         return None
     return reemit_stacked(x, [_shifted(x.input(0).t), x.input(1).t])
 
 
 @register_converter("SplitV")
 def _split_v(x: ConversionInput):
-    if not _invariant(x, 1, 2):
+    if not x.require_invariant(1, 2):
         return None
     return reemit_stacked(x, [x.input(0).t, x.input(1).t, _shifted(x.input(2).t)])
 
 
 @register_converter("Tile")
 def _tile(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     m = x.input(1).t
     return reemit_stacked(x, [x.input(0).t, tf.concat([tf.ones([1], m.dtype), m], 0)])
@@ -184,7 +183,7 @@ def _tile(x: ConversionInput):
 
 @register_converter("Pad", "PadV2", "MirrorPad")
 def _pad(x: ConversionInput):
-    if not _invariant(x, *range(1, len(x.inputs))):
+    if not x.require_invariant(*range(1, len(x.inputs))):
         return None
     p = x.input(1).t
     inputs = [x.input(0).t, tf.concat([tf.zeros([1, 2], p.dtype), p], 0)]
@@ -198,7 +197,7 @@ def _pad(x: ConversionInput):
 
 @register_converter("Slice")
 def _slice(x: ConversionInput):
-    if x.is_stacked(2):
+    if not x.require_invariant(2):
         return None
     if x.is_stacked(1):  # loop-variant offsets: gather the windows
         begin, size = x.input(1).t, static_value(x.input(2).t)
@@ -223,9 +222,9 @@ def _strided_slice(x: ConversionInput):
 
     Loop-variant ``begin``/``end`` (``x[i]``, ``x[i:i+k]``) become per-iteration gathers.
     """
-    if x.is_stacked(3):
+    if not x.require_invariant(3):
         return None
-    if not _invariant(x, 1, 2):
+    if not x.require_invariant(1, 2):   # the reason, should the gather form decline too
         return _strided_slice_by_gather(x)
     begin, end, strides = (x.input(i).t for i in (1, 2, 3))
 
@@ -285,7 +284,7 @@ def _gather_ranges(x: ConversionInput, axes, dtype):
     for k, stride, drop, bounds in axes:
         axis = k + 1 if t_stacked else k
         b, sizes = bounds(tf.cast(tf.shape(t)[axis], dtype))
-        size = tf.ones([], dtype) if sizes is None else _assert_same_across(
+        size = tf.ones([], dtype) if sizes is None else assert_same_across(
             x, sizes, "slice lengths differ across iterations")
         idx = b[:, None] + stride * tf.range(size, dtype=dtype)[None, :]   # [n, size]
         if t_stacked:
@@ -304,25 +303,41 @@ def _gather_ranges(x: ConversionInput, axes, dtype):
 def _gather(x: ConversionInput):
     params, indices = x.input(0), x.input(1)
     if x.op_type == "GatherV2":
-        if x.is_stacked(2):
+        if not x.require_invariant(2):
             return None
         axis = static_value(x.input(2).t)
         batch_dims = x.attr("batch_dims")
     else:
         axis, batch_dims = 0, 0
+    if axis is None:
+        return x.decline("the gather axis is not known when the graph is built")
+    axis = int(axis)
     p_rank, i_rank = per_iteration_rank(params), per_iteration_rank(indices)
-    if axis is None or p_rank is None or i_rank is None:
-        return None
-    axis = int(axis) % p_rank if p_rank else 0
     if batch_dims < 0:
+        if i_rank is None:
+            return x.decline("negative batch_dims with indices of unknown rank")
         batch_dims += i_rank
+    if p_rank is not None and p_rank:
+        axis %= p_rank
     if params.is_stacked and not indices.is_stacked and batch_dims == 0:
-        return stacked(tf.gather(params.t, indices.t, axis=axis + 1))
+        return stacked(tf.gather(params.t, indices.t, axis=axis + 1 if axis >= 0 else axis))
     if indices.is_stacked and not params.is_stacked and batch_dims == 0:
         out = tf.gather(params.t, indices.t, axis=axis)  # [*p[:axis], n, *i, *p[axis+1:]]
+        if axis == 0:
+            return stacked(out)
+        if p_rank is None:
+            return stacked(_move_to_front(out, axis if axis >= 0 else axis + tf.rank(params.t)))
         return stacked(move_axis(out, axis, 0))
-    return stacked(tf.gather(x.stacked_input(0), x.stacked_input(1), axis=axis + 1,
-                             batch_dims=batch_dims + 1))
+    # (a negative axis counts from the end, batch axis or not)
+    return stacked(tf.gather(x.stacked_input(0), x.stacked_input(1),
+                             axis=axis + 1 if axis >= 0 else axis, batch_dims=batch_dims + 1))
+
+
+def _move_to_front(t: tf.Tensor, axis) -> tf.Tensor:
+    """Move axis ``axis`` (a scalar, possibly a tensor) of ``t`` (any rank) to the front."""
+    r = tf.rank(t)
+    perm = tf.concat([tf.reshape(axis, [1]), tf.range(axis), tf.range(axis + 1, r)], 0)
+    return tf.transpose(t, perm)
 
 
 @register_converter("GatherNd")
@@ -335,14 +350,14 @@ def _gather_nd(x: ConversionInput):
 
 @register_converter("ReverseV2")
 def _reverse_v2(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     return reemit_stacked(x, [x.input(0).t, _shifted(x.input(1).t)])
 
 
 @register_converter("Reverse")
 def _reverse(x: ConversionInput):
-    if x.is_stacked(1):
+    if not x.require_invariant(1):
         return None
     dims = x.input(1).t
     return reemit_stacked(x, [x.input(0).t, tf.concat([tf.zeros([1], tf.bool), dims], 0)])
@@ -350,18 +365,79 @@ def _reverse(x: ConversionInput):
 
 @register_converter("Roll")
 def _roll(x: ConversionInput):
-    if not _invariant(x, 1, 2):
+    if not x.require_invariant(2):
         return None
-    return reemit_stacked(x, [x.input(0).t, x.input(1).t, _shifted(x.input(2).t)])
+    if not x.is_stacked(1):
+        return reemit_stacked(x, [x.stacked_input(0), x.input(1).t, _shifted(x.input(2).t)])
+    return _roll_per_iteration_shift(x)
+
+
+def _roll_per_iteration_shift(x: ConversionInput):
+    """Each iteration's own shift: rolling axis ``a`` by ``s_i`` is a gather of positions
+    ``(j - s_i) mod L`` along it, one batched gather per rolled axis (repeated axes add up)."""
+    axes = static_value(x.input(2).t)
+    rank = per_iteration_rank(x.input(0))
+    if axes is None or rank is None:
+        return x.decline("a per-iteration roll shift needs constant axes and a known rank")
+    axes = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+    t = x.stacked_input(0)
+    shift = tf.reshape(x.input(1).t, [-1, len(axes)]) if axes else None
+    totals: dict[int, tf.Tensor] = {}
+    for k, a in enumerate(axes):
+        totals[a] = totals[a] + shift[:, k] if a in totals else shift[:, k]
+    for a, s in totals.items():
+        length = tf.shape(t, out_type=s.dtype)[a + 1]
+        pos = tf.math.floormod(tf.range(length)[None, :] - s[:, None], length)   # [n, L]
+        t = tf.gather(t, pos, axis=a + 1, batch_dims=1)
+    return stacked(t)
 
 # }}}
+
+# {{{ sorting: searchsorted
+
+
+@register_converter("LowerBound", "UpperBound")
+def _search_sorted(x: ConversionInput):
+    """``(sorted [B, N], values [B, M])``.  An invariant sorted input keeps its B rows: the
+    iterations' values become ``n*M`` more values per row; otherwise the iterations fold into
+    the batch rows."""
+    sorted_in, values = x.input(0), x.input(1)
+    if x.vectorizer.xla and x.op.inputs[0].shape[-1] is not None:
+        return stacked(_binary_search(x))
+    if not sorted_in.is_stacked:
+        moved = move_axis(values.t, 0, 1)                          # [B, n, M]
+        shape = tf.shape(moved)
+        flat = tf.reshape(moved, tf.stack([shape[0], shape[1] * shape[2]]))
+        out = create_op_like(x.op, [sorted_in.t, flat])[0]
+        return stacked(move_axis(tf.reshape(out, shape), 1, 0))
+    folded_sorted, lead = fold_batch(x.stacked_input(0))
+    folded_values, _ = fold_batch(x.stacked_input(1))
+    out = create_op_like(x.op, [folded_sorted, folded_values])[0]
+    return stacked(unfold_batch(out, lead))
+
+def _binary_search(x: ConversionInput) -> tf.Tensor:
+    """searchsorted as ``ceil(log2(N + 1))`` steps of a vectorized binary search: XLA lowers
+    ``LowerBound``/``UpperBound`` to an ``N x M`` comparison, which the iterations multiply."""
+    sorted_in, values = x.stacked_input(0), x.stacked_input(1)       # [n, B, N], [n, B, M]
+    size = int(x.op.inputs[0].shape[-1])
+    right = x.op_type == "UpperBound"
+    lo = tf.zeros(tf.shape(values), tf.int32)
+    hi = tf.fill(tf.shape(values), size)
+    for _ in range(max(1, int(np.ceil(np.log2(size + 1))))):
+        mid = (lo + hi) // 2
+        probe = tf.gather(sorted_in, tf.minimum(mid, max(size - 1, 0)), batch_dims=2)
+        go_right = (probe <= values if right else probe < values) & (lo < hi)
+        lo = tf.where(go_right, mid + 1, lo)
+        hi = tf.where(go_right | (lo >= hi), hi, mid)
+    return tf.cast(lo, x.attr("out_type"))
+
 
 # {{{ creation
 
 
 @register_converter("Fill")
 def _fill(x: ConversionInput):
-    if x.is_stacked(0):
+    if not x.require_invariant(0):
         return None
     dims, value = x.input(0).t, x.input(1).t          # value: stacked [n]
     k = tf.size(dims)
@@ -372,7 +448,7 @@ def _fill(x: ConversionInput):
 
 @register_converter("OneHot")
 def _one_hot(x: ConversionInput):
-    if not _invariant(x, 1, 2, 3):
+    if not x.require_invariant(1, 2, 3):
         return None
     axis = x.attr("axis")
     return reemit_stacked(x, [w.t for w in x.inputs], attrs={"axis": axis + 1 if axis >= 0
@@ -390,14 +466,14 @@ def _range(x: ConversionInput):
     else:
         size = tf.maximum(tf.math.ceil((limit - start) / delta), 0)
     size = tf.cast(size, tf.int32)
-    size0 = _assert_same_across(x, size, "tf.range lengths differ across iterations")
+    size0 = assert_same_across(x, size, "tf.range lengths differ across iterations")
     steps = tf.cast(tf.range(size0), dtype)
     return stacked(start[:, None] + delta[:, None] * steps[None, :])
 
 
 @register_converter("LinSpace")
 def _linspace(x: ConversionInput):
-    if x.is_stacked(2):
+    if not x.require_invariant(2):
         return None
     start, stop = x.stacked_input(0), x.stacked_input(1)
     return stacked(tf.linspace(start, stop, x.input(2).t, axis=1))
@@ -456,27 +532,52 @@ def _placeholder_with_default(x: ConversionInput):
 
 @register_converter("MatrixBandPart")
 def _band_part(x: ConversionInput):
-    if not _invariant(x, 1, 2):
+    if not x.require_invariant(1, 2):
         return None
     return reemit_stacked(x, [w.t for w in x.inputs])
 
 
 @register_converter("MatrixDiagV2", "MatrixDiagV3", "MatrixDiagPartV2", "MatrixDiagPartV3")
 def _matrix_diag_v2(x: ConversionInput):
-    if not _invariant(x, *range(1, len(x.inputs))):
+    if not x.require_invariant(*range(1, len(x.inputs))):
         return None
     return reemit_stacked(x, [w.t for w in x.inputs])
 
 
 @register_converter("MatrixSetDiag", "MatrixSetDiagV2", "MatrixSetDiagV3")
 def _matrix_set_diag(x: ConversionInput):
-    if not _invariant(x, *range(2, len(x.inputs))):
+    if not x.require_invariant(*range(2, len(x.inputs))):
         return None
     values = [x.stacked_input(0), x.stacked_input(1)]
     if len(x.inputs) > 2 and x.input(2).t.shape.rank != 0 and any(
             v.shape.rank is None or v.shape[0] is None for v in values):
         return None  # TF's shape function rejects a band of diagonals with an unknown batch
     return reemit_stacked(x, values + [w.t for w in x.inputs[2:]])
+
+
+@register_converter("Diag")
+def _diag(x: ConversionInput):
+    """``Diag`` of a rank-k value is rank 2k: flatten each iteration's value to a vector, one
+    ``matrix_diag``, and reshape to ``[n, *s, *s]``."""
+    t = x.input(0).t                                            # [n, *s]
+    shape = tf.shape(t)
+    flat = tf.reshape(t, tf.stack([shape[0], -1]))
+    out = tf.reshape(tf.linalg.diag(flat), tf.concat([shape, shape[1:]], 0))
+    return stacked(out)
+
+
+@register_converter("DiagPart")
+def _diag_part(x: ConversionInput):
+    """The inverse: ``[n, *s, *s] -> [n, m, m]`` (m = prod(s)), ``matrix_diag_part``."""
+    t = x.input(0).t
+    rank = per_iteration_rank(x.input(0))
+    if rank is None:
+        return x.decline("DiagPart of a value of unknown rank")
+    shape = tf.shape(t)
+    half = shape[1:1 + rank // 2]
+    m = tf.reduce_prod(half)
+    square = tf.reshape(t, tf.stack([shape[0], m, m]))
+    return stacked(tf.reshape(tf.linalg.diag_part(square), tf.concat([shape[:1], half], 0)))
 
 
 @register_converter("InvertPermutation")
@@ -489,19 +590,6 @@ def _invert_permutation(x: ConversionInput):
 # {{{ data-dependent shapes: equal per-iteration counts are fine, ragged ones are an error
 
 
-def _assert_same_across(x: ConversionInput, per_iteration: tf.Tensor, what: str) -> tf.Tensor:
-    """``per_iteration[0]``, after a run-time check that every iteration has the same value."""
-    first = tf.cond(tf.size(per_iteration) > 0, lambda: per_iteration[0],
-                    lambda: tf.zeros([], per_iteration.dtype)) if not x.vectorizer.xla \
-        else per_iteration[0]
-    check = tf.debugging.Assert(
-        tf.reduce_all(tf.equal(per_iteration, first)),
-        [runtime_message(x.op, what + " (a ragged result cannot be stacked); per-iteration "
-                               "values:"), per_iteration], summarize=20)
-    with tf.control_dependencies([check]):
-        return tf.identity(first)
-
-
 @register_converter("Where")
 def _where(x: ConversionInput):
     cond = x.input(0).t
@@ -510,7 +598,7 @@ def _where(x: ConversionInput):
         return None
     as_bool = cond if cond.dtype == tf.bool else tf.not_equal(cond, tf.zeros([], cond.dtype))
     counts = tf.reduce_sum(tf.cast(tf.reshape(as_bool, [tf.shape(as_bool)[0], -1]), tf.int32), 1)
-    count = _assert_same_across(x, counts, "the number of true elements differs across "
+    count = assert_same_across(x, counts, "the number of true elements differs across "
                                            "iterations")
     coords = tf.where(as_bool)[:, 1:]                       # row-major: grouped by iteration
     return stacked(tf.reshape(coords, tf.stack([-1, count, rank])))
@@ -526,7 +614,7 @@ def _unique(x: ConversionInput):
     earlier = tf.linalg.band_part(tf.ones([m, m], tf.bool), -1, 0) & ~tf.eye(m, dtype=tf.bool)
     is_first = ~tf.reduce_any(eq & earlier[None], axis=2)    # [n, m]
     counts = tf.reduce_sum(tf.cast(is_first, tf.int32), 1)
-    count = _assert_same_across(x, counts, "the number of unique values differs across "
+    count = assert_same_across(x, counts, "the number of unique values differs across "
                                            "iterations")
     y = tf.reshape(tf.boolean_mask(v, is_first), tf.stack([-1, count]))
     slot = tf.cumsum(tf.cast(is_first, tf.int32), axis=1) - 1   # position among the uniques

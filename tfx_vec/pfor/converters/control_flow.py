@@ -45,6 +45,9 @@ from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, alig
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 # {{{ helpers
 

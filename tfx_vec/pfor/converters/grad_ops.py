@@ -43,10 +43,14 @@ import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch, same_shape, stacked
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
-                                           fold_emit, fold_into_channels, scale_dim,
+                                           conv_patches, fold_emit, fold_into_channels,
+                                           scale_dim,
                                            static_dim, unfold_from_channels)
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
+
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
 
 same_shape("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
            "SoftsignGrad", "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad",
@@ -99,7 +103,10 @@ def _dilation2d_backprop(x: ConversionInput):
     dy = fold_into_channels(x.stacked_input(2), 3)
     out = create_op_like(x.op, [images, filt, dy])[0]
     axis = 3 if x.op_type == "Dilation2DBackpropInput" else 2
-    return [WrappedTensor(unfold_from_channels(out, axis, n, tf.shape(x.op.inputs[1])[2]), True)]
+    channels = x.op.inputs[1].shape[2]
+    if channels is None:
+        channels = tf.shape(x.stacked_input(1))[3]
+    return [WrappedTensor(unfold_from_channels(out, axis, n, channels), True)]
 
 
 @converter("AvgPoolGrad", "AvgPool3DGrad")
@@ -166,34 +173,33 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([fold_into_channels(lay.images(images.t, True), c),
                         scale_dim(sizes, spatial, n), lay.images(dy.t, False)])
         return [WrappedTensor(unfold_from_channels(out, spatial, n, sizes[-2]), True)]
-    if not grouped_ok:
-        return _conv3d_backprop_filter_by_patches(x, lay)
+    if not grouped_ok or x.vectorizer.xla:
+        # XLA's CPU grouped filter gradients are hundreds of times slower than one matmul.
+        return _conv_backprop_filter_by_patches(x, lay)
     images = lay.padded_images(lay.images(x.stacked_input(0), True))
     out = lay.emit([fold_into_channels(images, c), scale_dim(sizes, spatial + 1, n),
                     fold_into_channels(lay.images(x.stacked_input(2), True), c)])
     return [WrappedTensor(unfold_from_channels(out, spatial + 1, n, sizes[-1]), True)]
 
 
-def _conv3d_backprop_filter_by_patches(x: ConversionInput, lay: ChannelsLast):
-    """Per-iteration images and out_backprop without grouped 3-D kernels: one batched matmul.
+def _conv_backprop_filter_by_patches(x: ConversionInput, lay: ChannelsLast):
+    """Per-iteration images and out_backprop: one batched matmul of patches.
 
-    ``dF_i = patches_i^T @ dy_i`` with ``patches_i`` the ``[b*P, kd*kh*kw*ci]`` volume patches
-    of iteration i's images on the output grid (TF's 3-D patches take no dilation).
+    ``dF_i = patches_i^T @ dy_i`` with ``patches_i`` the ``[b*P, k*ci]`` image (volume)
+    patches of iteration i's images on the output grid (:func:`~.nn_ops.conv_patches`).
     """
-    attrs = {**{a: x.attr(a) for a in ("strides", "dilations", "padding")}, **lay.attrs}
-    kernel = x.op.outputs[0].shape                                    # [kd, kh, kw, ci, co]
-    if any(d != 1 for d in attrs["dilations"]) or not kernel.is_fully_defined():
-        return None
+    kernel = x.op.outputs[0].shape                                    # [k..., ci, co]
     n = x.loop_len
-    images = fold_batch(lay.images(x.stacked_input(0), True))[0]       # [n*b, d, h, w, ci]
+    images = fold_batch(lay.images(x.stacked_input(0), True))[0]       # [n*b, ..., ci]
+    patches = conv_patches(x, lay, images, kernel)
+    if patches is None:
+        return None
     dy = lay.images(x.stacked_input(2), True)                          # [n, b, ..., co]
-    patches = tf.raw_ops.ExtractVolumePatches(input=images, ksizes=[1] + kernel[:3].as_list() + [1],
-                                              strides=attrs["strides"],
-                                              padding=attrs["padding"])
     rows = tf.stack([n, -1, tf.shape(patches)[-1]])
-    grad = tf.matmul(tf.reshape(patches, rows),
-                     tf.reshape(dy, tf.stack([n, -1, tf.shape(dy)[-1]])), transpose_a=True)
-    return [WrappedTensor(tf.reshape(grad, tf.concat([[n], kernel.as_list()], 0)), True)]
+    grad = tf.matmul(tf.reshape(dy, tf.stack([n, -1, tf.shape(dy)[-1]])),
+                     tf.reshape(patches, rows), transpose_a=True)       # [n, co, K]
+    return [WrappedTensor(tf.reshape(tf.transpose(grad, [0, 2, 1]),
+                                     tf.concat([[n], kernel.as_list()], 0)), True)]
 
 
 @converter("Conv2DBackpropInput")

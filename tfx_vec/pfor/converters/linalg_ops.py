@@ -36,6 +36,9 @@ from tfx_vec.pfor.converters._helpers import (align_ranks, create_op_like, move_
 from tfx_vec.pfor.converters.nn_ops import converter
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 #: For each decomposition, the output that is empty unless the named bool attr is set.
 _OPTIONAL_OUTPUTS = {"Svd": ("compute_uv", (1, 2)), "SelfAdjointEigV2": ("compute_v", (1,)),
                      "Eig": ("compute_v", (1,))}

@@ -42,6 +42,9 @@ from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 # {{{ helpers
 
@@ -740,11 +743,28 @@ def _pop_back(x: ConversionInput):
 
 @list_converter("TensorListScatterIntoExistingList")
 def _scatter_existing(x: ConversionInput):
-    if x.is_stacked(2):
-        return None
     handle = _stacked_list(x)
     tensor = transpose01(x.stacked_input(1))  # [k, n, *S]
-    return [_out(list_ops.tensor_list_scatter(tensor, x.inputs[2].t, input_handle=handle))]
+    if not x.is_stacked(2):
+        return [_out(list_ops.tensor_list_scatter(tensor, x.inputs[2].t, input_handle=handle))]
+    # Each iteration writes its own positions: scatter into the dense [L, n, *S] elements
+    # at (position, iteration); duplicate positions keep the last write, as the loop does.
+    indices = tf.cast(x.inputs[2].t, tf.int32)                     # [n, k]
+    shape = _stacked_element_shape(_per_iteration_item_shape(x), x.loop_len)
+    dense = list_ops.tensor_list_stack(handle, _dtype(x), element_shape=shape)
+    rows = tf.broadcast_to(tf.range(tf.shape(indices)[0])[:, None], tf.shape(indices))
+    coords = tf.reshape(tf.stack([indices, rows], -1), [-1, 2])
+    updates = tf.reshape(x.stacked_input(1), tf.concat([[-1], tf.shape(dense)[2:]], 0))
+    dense = tf.tensor_scatter_nd_update(dense, coords, updates)
+    return [_out(list_ops.tensor_list_from_tensor(dense, tf.constant(-1, tf.int32)))]
+
+
+def _per_iteration_item_shape(x: ConversionInput) -> tf.Tensor:
+    """The per-iteration element shape of the scattered items (input 1: ``[k, *S]``)."""
+    static = x.op.inputs[1].shape[1:]
+    if static.is_fully_defined():
+        return tf.constant(static.as_list(), tf.int32)
+    return tf.constant(-1, tf.int32)
 
 
 @list_converter("TensorListScatterV2", "TensorListScatter")
@@ -779,8 +799,23 @@ def _resize(x: ConversionInput):
     return [_out(list_ops.tensor_list_resize(_stacked_list(x), x.inputs[1].t))]
 
 
-@list_converter("TensorListConcat", "TensorListConcatV2", "TensorListSplit",
-                "TensorListConcatLists", "TensorListPushBackBatch")
+@list_converter("TensorListConcat", "TensorListConcatV2")
+def _concat(x: ConversionInput):
+    """Each iteration's elements ``[e, *S]`` concatenated: the stacked elements ``[n, e, *S]``
+    stacked to ``[L, n, e, *S]`` and regrouped to ``[n, L*e, *S]`` (every element must have
+    the same leading size ``e``, as stacking them requires); the lengths are ``[e] * L``."""
+    handle = _stacked_list(x)
+    static = list_element_shape(x.op.inputs[0])
+    shape = (_stacked_element_shape(tf.constant(static.as_list(), tf.int32), x.loop_len)
+             if static is not None else None)
+    dense = transpose01(list_ops.tensor_list_stack(handle, _dtype(x), element_shape=shape))
+    dims = tf.shape(dense)                                          # [n, L, e, *S]
+    out = tf.reshape(dense, tf.concat([dims[:1], [dims[1] * dims[2]], dims[3:]], 0))
+    lengths = tf.fill(dims[1:2], tf.cast(dims[2], tf.int64))
+    return [_out(out), _out(lengths, False)]
+
+
+@list_converter("TensorListSplit", "TensorListConcatLists", "TensorListPushBackBatch")
 def _per_iteration_only(x: ConversionInput):
     """No vectorized form: run per iteration (lists with per-row counts: an error naming the
     op, raised by :func:`list_converter`, instead of a failure inside the fallback)."""

@@ -18,6 +18,9 @@ from tfx_vec.pfor.converters._helpers import (align_ranks, broadcasting, element
                                               reemit_stacked, same_shape, stacked, unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 # {{{ element-wise unary ops (one op per element, any shape)
 
 UNARY_OPS = (
@@ -44,21 +47,36 @@ BINARY_OPS = (
     "SquaredDifference", "Atan2", "Xdivy", "Xlogy", "Xlog1py", "BitwiseAnd", "BitwiseOr",
     "BitwiseXor", "LeftShift", "RightShift", "Less", "LessEqual", "Greater", "GreaterEqual",
     "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "Igamma", "Igammac", "Zeta", "Polygamma",
-    "NextAfter", "Complex", "SelectV2",
+    "NextAfter", "Complex", "SelectV2", "IgammaGradA", "RandomGammaGrad",
 )
 broadcasting(*BINARY_OPS)
-same_shape("AddN", "ApproximateEqual", "Betainc")
+same_shape("ApproximateEqual", "Betainc")
+
+
+@register_converter("AddN")
+def _add_n(x: ConversionInput):
+    """AddN does not broadcast: invariant terms are tiled (lists: every element tiled)."""
+    if x.op.outputs[0].dtype == tf.variant:
+        from tfx_vec.pfor.converters.lists import stack_like
+        terms = [stack_like(w, x.loop_len, o) for w, o in zip(x.inputs, x.op.inputs)]
+        return stacked(tf.raw_ops.AddN(inputs=terms))
+    ranks = {per_iteration_rank(w) for w in x.inputs}
+    if len(ranks) != 1 or None in ranks:
+        return x.decline("AddN terms of different or unknown ranks")
+    return stacked(tf.raw_ops.AddN(inputs=[x.stacked_input(i) for i in range(len(x.inputs))]))
 
 
 @register_converter("Select")
 def _select(x: ConversionInput):
-    """``Select``: a rank-1 condition picks rows of higher-rank branches (no broadcasting)."""
+    """``Select``: a scalar or rank-1 condition picks whole values / rows of higher-rank
+    branches (no broadcasting), so it gets singleton axes after its own."""
     cond_rank, t_rank = per_iteration_rank(x.input(0)), per_iteration_rank(x.input(1))
     if cond_rank is None or t_rank is None:
-        return None
+        return x.decline("Select with operands of unknown rank")
     cond, t, e = (x.stacked_input(i) for i in range(3))
-    if cond_rank == 1 and t_rank > 1:
-        cond = tf.reshape(cond, tf.concat([tf.shape(cond), tf.ones([t_rank - 1], tf.int32)], 0))
+    if cond_rank < t_rank:
+        cond = tf.reshape(cond, tf.concat([tf.shape(cond), tf.ones([t_rank - cond_rank],
+                                                                   tf.int32)], 0))
     return stacked(tf.raw_ops.SelectV2(condition=cond, t=t, e=e))
 
 @register_converter("ClipByValue")
@@ -129,7 +147,7 @@ def _batch_matmul(x: ConversionInput):
 _LETTERS = string.ascii_letters
 
 
-@register_converter("Einsum")
+@register_converter("Einsum", "XlaEinsum")
 def _einsum(x: ConversionInput):
     """Give every stacked operand, and the output, a fresh leading batch label."""
     equation = x.attr("equation").decode().replace(" ", "")

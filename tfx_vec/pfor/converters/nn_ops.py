@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
@@ -54,8 +55,11 @@ from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_l
                                              unfold_batch)
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
 
-# {{{ registration and folding utilities (shared with the other P2 modules)
+
+# {{{ registration and folding utilities (shared with the other converter modules)
 
 def empty_outputs(x: ConversionInput) -> list[WrappedTensor] | None:
     """With a static loop length of 0: an empty ``[0, ...]`` value per output, else None."""
@@ -225,6 +229,11 @@ class ChannelsLast:
         pairs = self.take_explicit_padding()
         return t if pairs is None else tf.pad(t, [[0, 0]] + pairs)
 
+    def padded_images_folded(self, t: tf.Tensor) -> tf.Tensor:
+        """Like :meth:`padded_images` for images whose iterations are folded into the batch."""
+        pairs = self.take_explicit_padding()
+        return t if pairs is None else tf.pad(t, pairs)
+
     def images(self, t: tf.Tensor, is_stacked: bool) -> tf.Tensor:
         """An image operand (``[n?, b, ...]``) in channels-last layout."""
         if not self.first:
@@ -250,6 +259,54 @@ class ChannelsLast:
     def emit(self, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
         """The op, channels-last, on ``inputs``; its first output."""
         return create_op_like(self.op, inputs, attrs=self.attrs)[0]
+
+
+def conv_patches(x: ConversionInput, lay: ChannelsLast, images: tf.Tensor,
+                 kernel: tf.TensorShape) -> tf.Tensor | None:
+    """The patches a convolution like ``x.op`` multiplies with its filter, channels last:
+    ``[N, *out_spatial, prod(k)*ci]`` for ``images`` ``[N, *spatial, ci]`` (patch entries in
+    the filter's ``[k..., ci]`` order), or None when static sizes are unknown.
+
+    Built from one strided slice per filter tap, stacked: XLA compiles that to a fast copy,
+    where its ``ExtractImagePatches`` is an order of magnitude slower.
+    """
+    spatial = lay.spatial
+    if not kernel[:spatial].is_fully_defined():
+        return None
+    names = {a.name for a in x.op.op_def.attr}
+    attrs = {a: list(x.attr(a)) for a in ("strides", "dilations") if a in names}
+    attrs.update(lay.attrs)
+    strides = list(attrs.get("strides", [1] * (spatial + 2)))[1:-1]
+    dilations = list(attrs.get("dilations", [1] * (spatial + 2)))[1:-1]
+    images = lay.padded_images_folded(images)
+    padding = lay.attrs.get("padding", x.attr("padding"))
+    padding = padding.decode() if isinstance(padding, bytes) else padding
+    dims = images.shape[1:1 + spatial]
+    if not dims.is_fully_defined():
+        return None
+    ks, pads, outs = kernel[:spatial].as_list(), [[0, 0]], []
+    for size, k, st, d in zip(dims.as_list(), ks, strides, dilations):
+        span = (k - 1) * d + 1
+        if padding == "SAME":
+            out = -(-size // st)
+            total = max((out - 1) * st + span - size, 0)
+            pads.append([total // 2, total - total // 2])
+        else:
+            out = max(-(-(size - span + 1) // st), 0)
+            pads.append([0, 0])
+        outs.append(out)
+    if any(p != [0, 0] for p in pads):
+        images = tf.pad(images, pads + [[0, 0]])
+    taps = []
+    for offsets in np.ndindex(*ks):
+        begin = [0] + [o * d for o, d in zip(offsets, dilations)] + [0]
+        end = [0] + [b + (o - 1) * st + 1 for b, o, st in zip(begin[1:], outs, strides)] + [0]
+        taps.append(tf.strided_slice(images, begin, end, [1] + strides + [1],
+                                     begin_mask=1 | (1 << (spatial + 1)),
+                                     end_mask=1 | (1 << (spatial + 1))))
+    patches = tf.stack(taps, -2)                               # [N, *out, K, ci]
+    shape = tf.concat([tf.shape(patches)[:1 + spatial], [-1]], 0)
+    return tf.reshape(patches, shape)
 
 
 def static_dim(t: tf.Tensor, axis: int) -> int | None:
@@ -278,6 +335,9 @@ def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[Wr
     if not inp.is_stacked and _is_ungrouped(lay.channels(inp.t), static_dim(filt, -2)):
         # Every iteration convolves the same images: one filter bank with n*c_out outputs.
         out = lay.emit([lay.images(inp.t, False), fold_into_channels(filt, spatial + 1)])
+    elif x.vectorizer.xla and _is_ungrouped(lay.channels(x.op.inputs[0]), static_dim(filt, -2)):
+        # XLA's CPU grouped convolutions are hundreds of times slower: patches @ filter_i.
+        return _conv_by_patches(x, lay)
     elif grouped_ok:
         # Iteration i's channels form group(s) of their own: one grouped convolution.
         images = fold_into_channels(lay.images(x.stacked_input(0), True), lay.channel)
@@ -285,6 +345,22 @@ def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[Wr
     else:
         return None
     return [WrappedTensor(lay.result(unfold_from_channels(out, lay.channel, n, c_out)), True)]
+
+
+def _conv_by_patches(x: ConversionInput, lay: ChannelsLast) -> list[WrappedTensor] | None:
+    """Per-iteration images and filters: ``out_i = patches_i @ F_i``, one batched matmul."""
+    kernel = x.op.inputs[1].shape                                       # [k..., ci, co]
+    images, lead = fold_batch(lay.images(x.stacked_input(0), True))     # [n*b, ..., ci]
+    patches = conv_patches(x, lay, images, kernel)
+    if patches is None:
+        return None
+    n = x.loop_len
+    k = tf.shape(patches)[-1]
+    filt = tf.reshape(x.input(1).t, tf.stack([n, k, -1]))               # [n, K, co]
+    out = tf.matmul(tf.reshape(patches, tf.stack([n, -1, k])), filt)    # [n, b*P, co]
+    grid = tf.shape(patches)[1:-1]
+    out = tf.reshape(out, tf.concat([tf.reshape(n, [1]), lead[1:], grid, tf.shape(filt)[2:]], 0))
+    return [WrappedTensor(lay.result(out), True)]
 
 
 @converter("Conv2D")
@@ -443,7 +519,10 @@ def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[Wrapped
     inputs = [fold_into_channels(x.stacked_input(i), c) for i in range(n_images)]
     inputs += [tf.reshape(x.stacked_input(i), [-1]) for i in range(n_images, len(x.inputs))]
     outs = create_op_like(x.op, inputs)
-    first = unfold_from_channels(outs[0], c, n, tf.shape(x.op.inputs[0])[c])
+    channels = x.op.inputs[0].shape[c]
+    if channels is None:
+        channels = tf.shape(x.stacked_input(0))[c + 1]
+    first = unfold_from_channels(outs[0], c, n, channels)
     return stacked(first, *[split_leading(o, n, like)
                             for o, like in zip(outs[1:], x.op.outputs[1:])])
 

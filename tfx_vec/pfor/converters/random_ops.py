@@ -14,12 +14,14 @@ Every stateful random op (``RandomStandardNormal``, ``RandomUniform``, ``RandomU
   one draw per iteration since the distributions differ).
 - ``'error'``: a :class:`~tfx_vec.VectorizationError` naming the op and its source line.
 
-Stateless ops (``StatelessRandom*`` V1 and V2, ``StatelessRandomGetKeyCounter``) are pure
-functions of their seed: with a loop-invariant seed they are loop-invariant (the vectorizer
-re-emits them unchanged, in every mode, exactly as the per-iteration loop computes them).  With a
-loop-variant seed no TF kernel draws for many seeds at once, so the converter declines and the
-vectorizer's counted per-iteration fallback computes them exactly -- except for the key/counter
-produced by our own ``RngReadAndSkip`` conversion, whose samples are drawn in one op.
+Stateless ops (``StatelessRandom*`` V1 and V2, ``StatelessMultinomial``,
+``StatelessRandomGetKeyCounter``, ...) are pure functions of their seed: with a loop-invariant
+seed and parameters they are loop-invariant (the vectorizer re-emits them unchanged, in every
+mode, exactly as the per-iteration loop computes them).  With a loop-variant seed or parameter
+no TF kernel reproduces each iteration's draw at once, so they run once per iteration, exactly
+-- even with ``fallback_to_while_loop=False``, as in TensorFlow's pfor -- counted in
+``fallback_report()``; except for the key/counter produced by our own ``RngReadAndSkip``
+conversion, whose samples are drawn in one op.
 
 Example:
     >>> import tensorflow as tf, tfx_vec
@@ -33,6 +35,9 @@ import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import create_op_like, move_axis, fold_batch, unfold_batch
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
+
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
 
 MODES = ("different", "same", "error")
 
@@ -184,16 +189,34 @@ def _convert_stateless_v2(x: ConversionInput):
 
     The draw uses iteration 0's key and counter; the state was advanced by ``n * delta``, so the
     ``n`` samples come from counters no other draw uses.  Any other loop-variant key, counter
-    or parameter is declined (exact per-iteration fallback).
+    or parameter: exactly, once per iteration (:func:`_convert_stateless`).
     """
     key, counter = x.op.inputs[1], x.op.inputs[2]
     if x.is_stacked(0) or x.is_stacked(3) or any(w.is_stacked for w in x.inputs[4:]):
-        return None
+        return _convert_stateless(x)
     if not (_from_generator(key) and _from_generator(counter)):
-        return None
+        return _convert_stateless(x)
     first = [w.t[0] if w.is_stacked else w.t for w in x.inputs[1:3]]
     shape = _batched_shape(x.unstacked_input(0), x.loop_len)
     out = create_op_like(x.op, [shape, *first, *(w.t for w in x.inputs[3:])])[0]
     return [WrappedTensor(out, True)]
+
+
+#: Stateless samplers and seed ops other than the V2 samplers above.
+_STATELESS = ("StatelessRandomNormal", "StatelessRandomUniform", "StatelessRandomUniformInt",
+              "StatelessRandomUniformFullInt", "StatelessTruncatedNormal",
+              "StatelessMultinomial", "StatelessRandomBinomial", "StatelessRandomGammaV2",
+              "StatelessRandomGammaV3", "StatelessRandomPoisson",
+              "StatelessParameterizedTruncatedNormal", "StatelessRandomGetKeyCounter",
+              "StatelessRandomGetKeyCounterAlg", "StatelessShuffle")
+
+
+@register_converter(*_STATELESS)
+def _convert_stateless(x: ConversionInput):
+    """A stateless op with a loop-variant seed or parameter: each iteration's draw is a
+    function of its own seed, which no batched kernel reproduces, so the op runs once per
+    iteration -- exactly, and (as in TensorFlow's pfor) even when fallbacks are off; it is
+    counted in ``fallback_report()``."""
+    return x.per_iteration()
 
 # }}}

@@ -41,6 +41,9 @@ from tfx_vec.pfor.converters.nn_ops import converter, split_leading
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 # {{{ utilities
 

@@ -25,6 +25,9 @@ import tensorflow as tf
 from tfx_vec.pfor.converters._helpers import create_op_like
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
+#: Registration modules: their converters are reached through the registry.
+__all__: list[str] = []
+
 
 def _resource_invariant(x: ConversionInput) -> None:
     if x.is_stacked(0):
