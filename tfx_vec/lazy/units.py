@@ -202,7 +202,7 @@ class Snapshot:
 
     def __init__(self, objects: list):
         self.objects = objects
-        self.containers = [tuple(k for k, v in o.__dict__.items()
+        self.containers = [tuple((k, type(v)) for k, v in o.__dict__.items()
                                  if isinstance(v, (list, tuple, set, dict))) for o in objects]
         self.items, self.sizes = self._flat()
 
@@ -216,9 +216,9 @@ class Snapshot:
             items.append(type(o))
             items.extend(d)
             items.extend(d.values())
-            for k in containers:
+            for k, t in containers:
                 v = d.get(k)
-                if isinstance(v, (list, tuple, set, dict)):
+                if type(v) is t:   # another type: its identity differs already
                     sizes.append(len(v))
                     items.extend(v)
                     if isinstance(v, dict):
