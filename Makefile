@@ -2,9 +2,11 @@
 # create .venv, install tfx_vec with its extras, install PoCL (OpenCL on the CPU) when run as
 # root with apt, then run.  Re-running skips what is already done.
 #
-# On a 2-core machine: `make test` (what CI runs, through .ci/run) takes about 10 minutes, the
-# install included; `make bench` about 35 minutes.  `make bench` runs every benchmark at small
-# sizes and writes benchmarks/results/quick/; full-size runs are `python -m benchmarks NAME`.
+# On an idle 2-core machine `make test` (what CI runs, through .ci/run) takes about 12 minutes,
+# the install included, and `make bench` about 15; up to twice that on a busy machine (the suite
+# uses about 10 minutes of CPU time, the small benchmarks about 14).  `make bench` runs every
+# benchmark at small sizes and writes benchmarks/results/quick/; full-size runs are
+# `python -m benchmarks NAME`.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -1,12 +1,12 @@
-"""tfx_vec: TensorFlow plugins that make code written for one example run batched, compiled and fast."""
+"""tfx_vec: TensorFlow plugins that make code written for one example run batched, compiled
+and fast."""
 import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
-_VERSION = re.search(
-    r'__version__ = "([^"]+)"', Path(__file__).with_name("tfx_vec").joinpath("__init__.py").read_text()
-).group(1)
+_VERSION = re.search(r'__version__ = "([^"]+)"',
+                     (Path(__file__).parent / "tfx_vec" / "__init__.py").read_text()).group(1)
 
 # Tested set (2026-11): tensorflow 2.21.0, tensorflow-probability 0.25.0, tf-keras 2.21.0,
 # gast 0.7.0, islpy 2026.2.2, numpy 2.x, Python 3.11.  The ranges below are the ones we
@@ -27,7 +27,7 @@ _BENCH = ["matplotlib>=3.7", "tqdm>=4.60"]
 setup(
     name="tfx_vec",
     version=_VERSION,
-    description=__doc__.split(": ", 1)[1],
+    description=" ".join(__doc__.split(": ", 1)[1].split()),
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",
     # No project URL: the project has no public home yet, and a guessed one would mislead.

@@ -126,9 +126,10 @@ class Report:
 
         Each round times every implementation once (``inner`` calls), so load from other jobs
         on a shared machine hits all of them alike and the ratios stay fair; each round runs in a
-        new random order (seeded), so no implementation always follows the same one.  An implementation
-        that raises during warm-up gets no row; its error goes into ``notes``.  ``statistic``
-        ("median" or "min") picks the sample a row reports; min/max always bound it.
+        new random order (seeded), so no implementation always follows the same one.  An
+        implementation that raises during warm-up gets no row; its error goes into ``notes``.
+        ``statistic`` ("median" or "min") picks the sample a row reports; min/max always bound
+        it.
         """
         alive, samples = {}, {}
         shuffle = random.Random(0).shuffle

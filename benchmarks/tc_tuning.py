@@ -11,8 +11,11 @@ Run: ``.venv/bin/python -m benchmarks [--quick] tc_tuning``.
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from benchmarks.harness import Report
+from tfx_vec import tc_ops as tc
+from tfx_vec.tc_ops.backends import opencl
 from tfx_vec.tc_ops.library import FCRELU, LUT2, MLP3, TBMM, TMM
 
 GCONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
@@ -42,18 +45,14 @@ def _cases(quick: bool, rng):
 
 def _tune_and_time(report: Report, label: str, backend: str, source: str, entry: str,
                    args: list, quick: bool, notes: list) -> None:
-    from tfx_vec import tc_ops as tc
-    from tfx_vec.tc_ops.autotune import autotune
-    from tfx_vec.tc_ops.options import MappingOptions
-
     fn = tc.define(source, backend=backend)[entry]
     repeats = 5 if quick else 9
     gens, pop = (2, 6) if quick else (4, 10)
-    res = autotune(fn, *args, generations=gens, population=pop, threads=2, progress=False)
+    res = tc.autotune(fn, *args, generations=gens, population=pop, threads=2, progress=False)
     notes.append(f"{label}: tuned {res.evaluated} candidates in {res.seconds:.1f} s "
                  f"({res.candidates_per_second:.2f}/s, {res.rejected} rejected); "
                  f"best {res.options.to_json()}")
-    for impl, opts in (("naive", MappingOptions.naive()), ("default", fn.options),
+    for impl, opts in (("naive", tc.MappingOptions.naive()), ("default", fn.options),
                        ("autotuned", res.options)):
         fn.compile(*args, options=opts)
         report.measure(label, impl, lambda o=opts: fn.run_numpy(*args, options=o),
@@ -61,13 +60,9 @@ def _tune_and_time(report: Report, label: str, backend: str, source: str, entry:
 
 
 def _op_overhead(report: Report, quick: bool) -> None:
-    import tensorflow as tf
-
-    from tfx_vec.tc_ops.tf_op import tc_function
-
     rng = np.random.default_rng(1)
     A, B = tf.constant(_f(rng, 8, 8)), tf.constant(_f(rng, 8, 8))
-    f = tc_function(TMM, "tmm")
+    f = tc.define(TMM).tmm          # on tf tensors: the TcKernel op
     graph_tc = tf.function(lambda a, b: f(a, b))
     graph_tf = tf.function(lambda a, b: tf.matmul(a, b, transpose_b=True))
     n = 200 if quick else 1000
@@ -85,16 +80,15 @@ def run(quick: bool = False) -> Report:
     rng = np.random.default_rng(0)
     for label, src, entry, args in _cases(quick, rng):
         _tune_and_time(report, f"{label} cpu", "cpu", src, entry, args, quick, notes)
-    try:
-        from tfx_vec.tc_ops.backends import opencl
-        if opencl.available():
-            for label, src, entry, args in _cases(True, rng)[::2][:2]:
-                _tune_and_time(report, f"{label} opencl", "opencl", src, entry, args, quick,
-                               notes)
-    except ImportError:
-        notes.append("opencl: pyopencl missing, skipped")
+    if opencl.available():
+        for label, src, entry, args in _cases(True, rng)[::2][:2]:
+            _tune_and_time(report, f"{label} opencl", "opencl", src, entry, args, quick,
+                           notes)
+    else:
+        notes.append("opencl: no OpenCL platform (pyopencl and an ICD), skipped")
     _op_overhead(report, quick)
     report.notes = "\n".join(notes) + (
-        "\nOp overhead rows compare the TcKernel op (a TC compiled to C and called by the "
-        "generic TF op) with tf.matmul on the same 8x8 product; times per call.")
+        "\nOp overhead rows compare a tc.define entry on tf tensors (the TcKernel op: a TC "
+        "compiled to C and called by the generic TF op) with tf.matmul on the same 8x8 product; "
+        "times per call.")
     return report

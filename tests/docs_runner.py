@@ -33,6 +33,9 @@ _CLAIM = re.compile(r"^#\s*->\s?(.*)$")
 _PRINT_HOOK = "__docs_print__"
 _RUNNING = "docs_runner: running "      # progress lines on stderr name the block being run
 _FAILED = "docs_runner: error: "         # the one-line reason, first in run_doc's answer
+# TensorFlow's C++ start-up chatter (absl logs before TF_CPP_MIN_LOG_LEVEL applies)
+_NATIVE_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s"
+                         r"|^WARNING: All log messages before absl")
 
 
 @dataclasses.dataclass
@@ -160,7 +163,7 @@ def run_doc(path: Path, *, timeout: float, cwd: Path, shown: str | None = None,
                 f"{running[-1] if running else 'its start-up'}")
     if done.returncode == 0:
         return None
-    lines = done.stderr.splitlines()
+    lines = [ln for ln in done.stderr.splitlines() if not _NATIVE_LOG.match(ln)]
     reason = [ln[len(_FAILED):] for ln in lines if ln.startswith(_FAILED)]
     rest = "\n".join(ln for ln in lines if not ln.startswith((_RUNNING, _FAILED)))
     head = reason[0] if reason else f"{shown or path}: exit status {done.returncode}"

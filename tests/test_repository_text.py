@@ -2,9 +2,10 @@
 
 The repository is read by users who never saw how it was built, so no file may speak of the
 work that produced it (numbered issues, numbered sessions or periods of work, stage names
-such as a letter and a digit for a piece of work), or point outside the repository (web links, paths of the
-machine it was written on, planning documents that are not part of it).  Markdown links must
-lead to files that exist in the repository.  LICENSE is exempt: it is the license's own text.
+such as a letter and a digit for a piece of work), or point outside the repository (web links,
+paths of the machine it was written on, planning documents that are not part of it).
+Markdown links must lead to files that exist in the repository.  LICENSE is exempt: it is the
+license's own text.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ JARGON = {
     "an issue number": re.compile(r"\bissues?\s*#?\s*\d+|\(#\d+\)|\bPR\s*#\d+", re.I),
     "a session": re.compile(r"\bsessions?[- ]?\d+|\b(?:this|last|previous|next|earlier|later"
                             r"|current)\s+(?:work\s+)?session\b|\bsame-session\b", re.I),
-    "a period of work": re.compile(r"\bwork[- ]periods?\b|\bperiod\s+\d+\b|\bwave\s+\d+|\bthis wave\b",
-                                re.I),
+    "a period of work": re.compile(r"\bwork[- ]periods?\b|\bperiod\s+\d+\b|\bwave\s+\d+"
+                                   r"|\bthis wave\b", re.I),
     "a stage name": re.compile(r"\b[PT]\d\b(?:'s\b|\)|\s+(?:tests?|modules?|files?|backends?|work"
                                r"|stages?|subsections?|sections?|parts?|converters?)\b)"
                                r"|\([PT]\d\)|\bstage\s+[A-Z]?\d\b"),
@@ -42,7 +43,8 @@ def repository_files() -> list[Path]:
     """Tracked and new (not ignored) files; every file outside the usual build folders when the
     tree is not a git checkout."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"],
                              cwd=ROOT, capture_output=True, check=True, timeout=60).stdout
         names = sorted({n for n in out.decode().split("\0") if n})
     except (OSError, subprocess.SubprocessError):
@@ -107,10 +109,12 @@ def test_markdown_links_lead_to_files_in_the_repository():
 
 
 @pytest.mark.parametrize("text", [
-    "see issue #" + "5", "Issue " + "20 asks", "(#" + "12)", "in session" + "-3", "session " + "4's runs",
+    "see issue #" + "5", "Issue " + "20 asks", "(#" + "12)", "in session" + "-3",
+    "session " + "4's runs",
     "tried this " + "session", "a same-" + "session comparison", "work " + "period", "wave " + "2",
     "P" + "2's converters", "(P" + "3)", "T" + "1's CPrinter", "the P" + "2 test files",
-    "htt" + "ps://example.org", "www" + ".example.org", "../sha" + "red/DESI" + "GN.md", "/wo" + "rk/main",
+    "htt" + "ps://example.org", "www" + ".example.org", "../sha" + "red/DESI" + "GN.md",
+    "/wo" + "rk/main",
     "ST" + "YLE.md §10", "/tmp/pe" + "ers-x",
 ])
 def test_the_patterns_catch(text):

@@ -10,8 +10,10 @@ The subpackages, each one a pipeline of small stages (docs/architecture.md):
 - ``tfx_vec.lazy``: a lazy tensor mode, eager code recorded and compiled with XLA at barriers.
 - ``tfx_vec.tc_ops``: Tensor Comprehensions compiled to C/OpenMP, CUDA and OpenCL, as TF ops
   and Keras layers.
+- ``tfx_vec.distribute``: the above on ``tf.distribute`` strategies, over several machines.
 
-``tfx_vec.autobatch``, ``tfx_vec.lazy`` and ``tfx_vec.tc_ops`` are imported on first use.
+``tfx_vec.autobatch``, ``tfx_vec.lazy``, ``tfx_vec.tc_ops`` and ``tfx_vec.distribute`` are
+imported on first use.
 
 Example:
     >>> import tensorflow as tf
@@ -36,9 +38,9 @@ from tfx_vec.pfor.gradients import (batch_jacobian, hessian, jacobian,  # noqa: 
 
 __all__ = ["pfor", "vectorized_map", "jacobian", "batch_jacobian", "hessian",
            "per_example_gradients", "register_converter", "fallback_report", "reset_fallbacks",
-           "VectorizationError", "autobatch", "lazy", "tc_ops"]
+           "VectorizationError", "autobatch", "lazy", "tc_ops", "distribute"]
 
-_ON_FIRST_USE = ("autobatch", "lazy", "tc_ops")
+_ON_FIRST_USE = ("autobatch", "lazy", "tc_ops", "distribute")
 
 
 def __getattr__(name: str) -> ModuleType:

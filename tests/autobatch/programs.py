@@ -11,6 +11,17 @@ import tensorflow as tf
 from tfx_vec import autobatch as ab
 
 
+# One of each runtime (the program-counter one as a graph and under XLA).
+EVERY_RUNTIME = {"local_static": {"runtime": "local_static"}, "numpy": {"runtime": "numpy"},
+                 "program_counter": {}, "program_counter_xla": {"jit_compile": True}}
+
+
+def on_every_runtime(fn, *args, **options):
+    """``fn(*args)`` on each runtime: ``{runtime: result as NumPy}``."""
+    return {name: tf.nest.map_structure(np.asarray, fn(*args, **opts, **options))
+            for name, opts in EVERY_RUNTIME.items()}
+
+
 def reference(fn, *args):
     """The definitional reference: the undecorated Python function on each member, eagerly."""
     batch = tf.nest.flatten(args)[0].shape[0]

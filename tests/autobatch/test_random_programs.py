@@ -50,9 +50,12 @@ def _block(draw, depth, in_loop, counter):
         target = draw(st.sampled_from(("a", "b", "c")))
         if kind == "assign":
             lines.append(f"{target} = {draw(_expr())}")
-        elif kind == "vector":  # whole numbers in float32: every runtime computes them exactly
+        elif kind == "vector":  # small whole numbers in float32: every runtime computes them
+            # exactly (ints grow and wrap around; cast to float unbounded they would round, and
+            # XLA and TF cast an out-of-range float back to int differently)
             v, w = draw(st.sampled_from(VARS)), draw(st.sampled_from(VARS))
-            lines.append(f"v = tf.floor(v * 0.5) + tf.cast(tf.stack([{v}, {w}], -1), tf.float32)")
+            lines.append(f"v = tf.floor(v * 0.5) + tf.cast(tf.stack([{v} % 64, {w} % 64], -1), "
+                         "tf.float32)")
         elif kind == "call":
             lines.append(f"{target} = f(x - {draw(st.integers(1, 2))}, {draw(_expr())})")
         elif kind == "return":

@@ -2,7 +2,7 @@
 
 Each :class:`Case` is a row: ``name``, TC ``source``, ``entry``, ``inputs(rng)`` (random shapes
 and non-zero values; returns the argument list in signature order) and ``reference(*args)`` (NumPy,
-returns the outputs in ``-> (...)`` order).  Backends (cpu here, OpenCL/CUDA in T2's tests) run
+returns the outputs in ``-> (...)`` order).  The backends' tests (cpu, OpenCL, CUDA) run
 every case and compare every output element.
 """
 from __future__ import annotations
@@ -249,5 +249,85 @@ def half_axpy(half(N) X, half(N) Y) -> (Z) {
 }""", "half_axpy",
      lambda r: [random_array(r, (n := _d(r),), np.float16), random_array(r, (n,), np.float16)],
      lambda X, Y: ((X * np.float16(2) + Y).astype(np.float16),), rtol=1e-2, atol=1e-2)
+
+# -- constructs of the original language (written here; references independent of it) -------
+# A reduction without "!" into an output nothing initialised reduces into the output's initial
+# contents: zeros here (tests/tc_ops/test_constructs.py passes them with outputs=).
+case("rowmax_into", """
+def rowmax_into(float(N,D) X) -> (M) {
+    M(n) max= X(n,d)
+}""", "rowmax_into", lambda r: [_f(r, _d(r), _d(r))],
+     lambda X: (np.maximum(X.max(1), 0),))
+
+case("matmul_into", """
+def matmul_into(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) += A(m,k) * B(k,n)
+}""", "matmul_into", lambda r: [_f(r, _d(r), k := _d(r)), _f(r, k, _d(r))],
+     lambda A, B: (A @ B,))
+
+case("add_into", """
+def add_into(float(N,M) X, float(N,M) Y) -> (O) {
+    O(n,m) += X(n,m) + Y(n,m)
+}""", "add_into", lambda r: [_f(r, n := _d(r), m := _d(r)), _f(r, n, m)],
+     lambda X, Y: (X + Y,))
+
+# typed, sized outputs
+case("quantize", """
+def quantize(float(N,M) X, float s) -> (int32(N,M) Q, float(N) rowsum) {
+    Q(n,m) = int32(X(n,m) * s)
+    rowsum(n) +=! float(Q(n,m)) / s
+}""", "quantize", lambda r: [_f(r, _d(r), _d(r)), np.float32(7.5)],
+     lambda X, s: ((q := np.trunc(X * s).astype(np.int32)), (q / s).sum(1)))
+
+# 0-d tensors read without parentheses (an output, and an input declared "float()")
+case("center", """
+def center(float(N) X, float() c) -> (Y, total) {
+    total +=! X(i)
+    Y(i) = c * (X(i) - total / N)
+}""", "center", lambda r: [_f(r, _d(r, 2, 12)), np.float32(1.5)],
+     lambda X, c: (c * (X - X.sum() / X.size), np.array(X.sum(), np.float32)))
+
+# "where exists": accesses that only bound the ranges; "where name = e": a named binding
+case("exists_fill", """
+def exists_fill(float(N,M) A) -> (B, C) {
+    B(i) = 3.5 where exists A(i,0)
+    C(i) +=! 1.0 where exists A(i,j)
+}""", "exists_fill", lambda r: [_f(r, _d(r), _d(r))],
+     lambda A: (np.full(A.shape[0], 3.5, np.float32),
+                np.full(A.shape[0], A.shape[1], np.float32)))
+
+case("sqdiff", """
+def sqdiff(float(N) A, float(N) B) -> (C) {
+    C(i) = d * d + e where d = A(i) - B(i), e = d / 2
+}""", "sqdiff", lambda r: [_f(r, n := _d(r)), _f(r, n)],
+     lambda A, B: ((A - B) ** 2 + (A - B) / 2,))
+
+# reads guarded by a condition are checked only where the condition holds
+case("causal_conv", """
+def causal_conv(float(T) X, float(K) W) -> (Y) {
+    Y(t) +=! (t - k >= 0) ? X(t - k) * W(k) : 0 where t in 0:T, k in 0:K
+}""", "causal_conv", lambda r: [_f(r, _d(r, 4, 12)), _f(r, _d(r, 1, 4))],
+     lambda X, W: (np.array([sum(X[t - k] * W[k] for k in range(W.size) if t - k >= 0)
+                             for t in range(X.size)], np.float32),))
+
+case("prefix_sum", """
+def prefix_sum(float(N) X) -> (P) {
+    P(i) +=! (j <= i) ? X(j) : 0 where i in 0:N
+}""", "prefix_sum", lambda r: [_f(r, _d(r, 2, 12))], lambda X: (np.cumsum(X),))
+
+case("backward_diff", """
+def backward_diff(float(N) X) -> (D) {
+    D(i) = (i >= 1 && !(i >= N)) ? X(i) - X(i - 1) : 0.0 where i in 0:N
+}""", "backward_diff", lambda r: [_f(r, _d(r, 2, 12))],
+     lambda X: (np.concatenate([[0], np.diff(X)]).astype(np.float32),))
+
+# outputs whose range does not start at 0 are sized by the range's extent
+case("shift_crop", """
+def shift_crop(float(N,M) X) -> (S, C, Z) {
+    S(i) = X(i - 1, 0)
+    C(i,j) = X(i,j) where i in 1:N-1
+    Z(k) +=! S(k) * C(k,j)
+}""", "shift_crop", lambda r: [_f(r, _d(r, 3, 9), _d(r))],
+     lambda X: (X[:, 0], X[1:-1], X[:-2, 0] * X[1:-1].sum(1)))
 
 BY_NAME = {c.name: c for c in CASES}

@@ -88,10 +88,14 @@ def test_tf_tensors_in_and_out_and_source():
 def test_cpu_strategy_in_the_generated_code():
     """Large kernels get OpenMP on the outer tile loop, reductions a vector accumulator."""
     f32 = np.float32
-    src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)])
-    assert outs == [("C", (256, 128), np.dtype(f32))]
+    src, outs = cpu.generate(BY_NAME["tmm"].source, "tmm", [((512, 512), f32), ((256, 512), f32)])
+    assert outs == [("C", (512, 256), np.dtype(f32))]
+    # the micro-kernel's column blocks are the OpenMP loop (test_cpu_blocking tests the kernel)
+    assert "register-blocked contraction micro-kernel, packed column operand" in src
+    assert src.index("#pragma omp parallel for") < src.index("for (int tc_jc = 0;")
+    src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
+                          tc.MappingOptions.default_for().replace(block=False))
     assert src.index("#pragma omp parallel for") < src.index("_c0 += 32")
-    assert "register-blocked S0" in src and "tc_pk0[" in src   # packed B (test_cpu_blocking)
     src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", [((256, 512), f32), ((128, 512), f32)],
                           tc.MappingOptions.default_for().replace(tile=(32, 32, 32), block=False))
     assert "#pragma omp simd reduction(+:tc_acc)" in src                  # remainder loop
@@ -100,7 +104,8 @@ def test_cpu_strategy_in_the_generated_code():
                             tc.MappingOptions.naive())
     assert "#pragma" not in naive and "+= 32" not in naive
     src, _ = cpu.generate(BY_NAME["fcrelu"].source, "fcrelu",
-                          [((256, 512), f32), ((64, 512), f32), ((64,), f32)])
+                          [((256, 512), f32), ((64, 512), f32), ((64,), f32)],
+                          tc.MappingOptions.default_for().replace(block=False))
     # fused: bias, reduction and relu of one (b, n) tile are in one loop nest
     assert src.count("#pragma omp parallel for") == 1
     # the reduction loop isl peels between init and relu still accumulates in a vector register
@@ -114,20 +119,22 @@ def test_short_reductions_run_around_a_vector_loop():
     """conv: c, kh, kw (short) go outside, the output's w loop becomes the simd loop."""
     f32 = np.float32
     src, _ = cpu.generate(BY_NAME["conv2d"].source, "conv2d",
-                          [((2, 3, 20, 40), f32), ((4, 3, 3, 3), f32)])
+                          [((2, 3, 20, 40), f32), ((4, 3, 3, 3), f32)],
+                          tc.MappingOptions.default_for().replace(block=False))
     lines = [x.strip() for x in src.splitlines()]
     k = next(i for i, x in enumerate(lines) if "out[b][op][h][w] = (float)(out[b][op][h][w] +" in x)
     assert lines[k - 1].startswith("for (int") and "<= 37;" in lines[k - 1]  # w: 40 - 3 + 1
     assert lines[k - 2] == "#pragma omp simd"
     # a long reduction keeps the dot-product form; so does a short one whose parallel index is
     # not the last subscript everywhere (tmm's n in B(n, kk): a vector loop over n would gather)
-    # (by default both become the register-blocked kernel over a packed B tile instead)
+    # (by default both become the contraction micro-kernel over a packed B instead)
     for k in (512, 32):
         shapes = [((64, k), f32), ((64, k), f32)]
         src, _ = cpu.generate(BY_NAME["tmm"].source, "tmm", shapes,
                               tc.MappingOptions.default_for().replace(tile=(32,) * 3, block=False))
         assert "reduction(+:tc_acc" in src
-        assert "register-blocked" in cpu.generate(BY_NAME["tmm"].source, "tmm", shapes)[0]
+        assert "register-blocked contraction" in cpu.generate(BY_NAME["tmm"].source, "tmm",
+                                                              shapes)[0]
 
 
 def test_several_outputs_return_a_tuple_and_shapes_are_inferred():

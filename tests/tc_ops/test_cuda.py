@@ -61,10 +61,14 @@ def test_every_corpus_tc_compiles_with_nvcc_for_sm90():
 
     promoted = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 2), map_to_blocks=(3, 2),
                               use_shared_memory=True, unroll=2)
+    registers = MappingOptions(tile=(2, 2), map_to_threads=(1, 1), map_to_blocks=(4, 4),
+                               use_private_memory=True)
     default = _corpus_cuda_sources(None)
     shared = [re.sub(r"_k(\d+)\(", r"_s\1(", s) for s in _corpus_cuda_sources(promoted)]
+    tiled = [re.sub(r"_k(\d+)\(", r"_r\1(", s) for s in _corpus_cuda_sources(registers)]
     assert any("__shared__" in s for s in shared) and any("__syncthreads()" in s for s in shared)
-    cuda.nvcc_check("\n".join(default + shared))
+    assert sum("register tile per thread" in s for s in tiled) >= 5
+    cuda.nvcc_check("\n".join(default + shared + tiled))
 
 
 def test_generate_source_for_cuda_needs_no_gpu():

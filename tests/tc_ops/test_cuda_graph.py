@@ -79,7 +79,8 @@ def test_cuda_entry_in_tf_function_traces_to_the_gpu_op_and_its_gradient(graph_o
     A, B = tf.ones([40, 24]), tf.ones([50, 24])
     assert sorted(ops) == ["tmm", "tmm derivative"]
     _assert_launches(ops["tmm"], f.cuda_spec(A, B))
-    _assert_launches(ops["tmm derivative"], f.backward.cuda_spec(A, B, tf.ones([40, 50])))
+    _assert_launches(ops["tmm derivative"],
+                     f.backward_at(A, B).cuda_spec(A, B, tf.ones([40, 50])))
 
 
 def test_cuda_entry_uses_the_per_call_options_in_the_graph(graph_only):
@@ -179,7 +180,8 @@ def test_model_with_a_cuda_layer_trains_through_gpu_ops(graph_only):
     x, W, b = tf.ones([8, 3]), tf.ones([5, 3]), tf.ones([5])
     assert sorted(ops) == ["fcrelu", "fcrelu derivative"]
     _assert_launches(ops["fcrelu"], f.cuda_spec(x, W, b))
-    _assert_launches(ops["fcrelu derivative"], f.backward.cuda_spec(x, W, b, tf.ones([8, 5])))
+    _assert_launches(ops["fcrelu derivative"],
+                     f.backward_at(x, W, b).cuda_spec(x, W, b, tf.ones([8, 5])))
 
 
 @pytest.mark.parametrize("make, shape, dtype", [

@@ -103,8 +103,6 @@ SEMANTIC_ERRORS = [
      tc.TcSemanticError, (3, 3), "mixed reduction operators on B: max= after +=!"),
     ("def f(float(N,M) A) -> (B) { B(i) = A(i,j) }", tc.TcSemanticError, (1, 41),
      "index 'j' appears only on the right of '='"),
-    ("def f(float(N) A) -> (B) { B(i) += A(i) }", tc.TcSemanticError, (1, 28),
-     "B is updated with += before it is initialised"),
     ("def f(float(N) A) -> (B) { B(i) = B(i) + A(i) }", tc.TcNameError, (1, 35),
      "B is read before it is defined"),
     ("def f(float(N) A) -> (B, C) { B(i) = A(i) }", tc.TcNameError, (1, 26),
@@ -188,3 +186,11 @@ def test_mutated_programs_raise_only_tc_errors(case, data):
 def test_deep_nesting_is_a_syntax_error(src):
     with pytest.raises(tc.TcSyntaxError, match="nested more than"):
         tc.define("def f(float(N) A) -> (B) { B(i) = " + src + " }")
+
+
+def test_a_reduction_without_initialisation_warns_where_it_is():
+    """As the original does, a reduction without ``!`` into a tensor nothing initialised is
+    accepted with a located warning: it reduces into the caller's ``outputs=`` (else zeros)."""
+    with pytest.warns(tc.TcWarning, match=r"line 1, column 28: in def f: B is reduced with \+= "
+                                          r"without being initialised"):
+        tc.define("def f(float(N) A) -> (B) { B(i) += A(i) }")

@@ -78,6 +78,14 @@ def test_mlp3_untiled_shared_memory_keeps_every_statement():
     check_case(case, opts.replace(map_to_threads=(4, 2), map_to_blocks=(3, 2)), seed=1)
 
 
+def test_register_tile_needs_reduction_loops_inside_it():
+    # Regression (hypothesis' find): with fusion 'min' the output index w sat in a loop inside
+    # the thread loops of f and h; the register tile treated it as a reduction loop.
+    case = next(c for c in CASES if c.name == "group_convolution")
+    check_case(case, MappingOptions(tile=(), map_to_threads=(1,), map_to_blocks=(1,),
+                                    use_private_memory=True, fusion_strategy="min"))
+
+
 def test_shared_memory_changes_the_code_not_the_result():
     case = next(c for c in CASES if c.name == "tmm")
     on = MappingOptions(tile=(4, 4, 4), map_to_threads=(4, 4), use_shared_memory=True)
@@ -127,3 +135,37 @@ def test_bool_tensors_travel_as_bytes():
     np.testing.assert_array_equal(y, np.where(b, x, -x))
     np.testing.assert_array_equal(p, x > 0)
     assert "uchar" in mod.sel.source() and "bool *" not in mod.sel.source()
+
+
+REGISTER_TILED = ["tmm", "fcrelu", "MLP3", "tbmm", "sgemm", "matmul_into"]
+
+
+@pytest.mark.parametrize("name", REGISTER_TILED)
+def test_register_tiles_per_thread_match_numpy(name):
+    """With private memory, a thread's points of a contraction keep their sums in a register
+    tile (each row and column value read once per reduction step)."""
+    case = next(c for c in CASES if c.name == name)
+    rng = np.random.default_rng(2)
+    args = case.inputs(rng)
+    entry = define(case.source, backend="opencl")[case.entry]
+    opts = MappingOptions(tile=(2, 2), map_to_threads=(1, 1), map_to_blocks=(4, 4),
+                          use_private_memory=True)
+    shapes = [a.shape for a in args if np.ndim(a)]
+    src = entry.compile(*args, options=opts).source
+    assert "register tile per thread" in src, (name, shapes)
+    for got, want in zip(entry.run_numpy(*args, options=opts), case.reference(*args)):
+        np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
+
+
+def test_register_tiles_guard_partial_tiles_and_uneven_thread_shares():
+    tmm = next(c for c in CASES if c.name == "tmm")
+    rng = np.random.default_rng(4)
+    A, B = rng.random((13, 5), np.float32), rng.random((12, 5), np.float32)
+    entry = define(tmm.source, backend="opencl").tmm
+    even = MappingOptions(tile=(12, 12), map_to_threads=(4, 3), use_private_memory=True)
+    uneven = MappingOptions(tile=(12, 12), map_to_threads=(5, 3), use_private_memory=True)
+    src = entry.compile(A, B, options=even).source    # 13 rows: a partial second tile
+    assert "4x3 register tile per thread" in src and "if ((" in src
+    assert "4x3 register tile per thread" in entry.compile(A, B, options=uneven).source
+    for o in (even, uneven):
+        np.testing.assert_allclose(entry.run_numpy(A, B, options=o)[0], A @ B.T, rtol=1e-5)

@@ -275,9 +275,9 @@ def test_graph_with_the_gpu_op_and_its_gradient(monkeypatch):
     assert launches == forward and ".entry tc_tmm" in launches.module
     bwd = next(op for op in ops if op is not fwd)      # the backward TC, derived per shape
     assert bwd.get_attr("tc").decode() == TMM and bwd.get_attr("derivative") == b'["A", "B"]'
+    A, B = tf.ones([40, 24]), tf.ones([50, 24])
     assert op_builder.build(op_builder.request_for(bwd.node_def, [(40, 24), (50, 24), (40, 50)])
-                            ) == f.backward.cuda_spec(tf.ones([40, 24]), tf.ones([50, 24]),
-                                                      tf.ones([40, 50]))
+                            ) == f.backward_at(A, B).cuda_spec(A, B, tf.ones([40, 50]))
 
 
 def test_savedmodel_with_the_gpu_op_reloads_with_its_attributes(tmp_path, monkeypatch):

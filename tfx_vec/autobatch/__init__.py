@@ -1,27 +1,43 @@
-"""tfx_vec.autobatch: batch Python functions with if/while/recursion (see README.md).
+"""tfx_vec.autobatch: batch a Python function written for one example -- with data-dependent
+``if``/``while``/``for``, ``break``/``continue``, early ``return`` and recursion -- over the
+leading dimension of its arguments (Radul et al., "Automatically batching control-intensive
+programs for modern accelerators": local-static and program-counter autobatching).
+
+Public names:
+
+* :func:`function` (``@ab.function``): the decorator; :class:`AutobatchFunction` what it makes;
+* :func:`describe`: print a batched function's compiled program;
+* :class:`NoUTurnSampler`: a recursive NUTS batched by this compiler, as a TFP
+  ``TransitionKernel`` (imported on first use: it needs TensorFlow Probability);
+* the errors, all subclasses of :class:`AutobatchError`: :class:`UnsupportedSyntaxError`,
+  :class:`TypeInferenceError`, :class:`StackOverflowError`, :class:`MaxStepsExceededError`,
+  :class:`PrimitiveError`.
+
+See ``docs/autobatch.md`` for the guide.
 
 Example:
     >>> import tensorflow as tf
     >>> from tfx_vec import autobatch as ab
     >>> @ab.function
-    ... def collatz_steps(n):
-    ...     steps = tf.zeros_like(n)
-    ...     while n > 1:
-    ...         if n % 2 == 0:
-    ...             n = n // 2
-    ...         else:
-    ...             n = 3 * n + 1
-    ...         steps += 1
-    ...     return steps
-    >>> collatz_steps(tf.constant([1, 6, 7])).numpy().tolist()
-    [0, 8, 16]
+    ... def gcd(a, b):
+    ...     while b != 0:
+    ...         a, b = b, a % b
+    ...     return a
+    >>> gcd([12, 35, 7], [18, 21, 5]).numpy().tolist()
+    [6, 7, 1]
 """
 from .api import AutobatchFunction, describe, function
 from .errors import (AutobatchError, MaxStepsExceededError, PrimitiveError, StackOverflowError,
                      TypeInferenceError, UnsupportedSyntaxError)
 
-__all__ = ["function", "describe", "AutobatchFunction", "AutobatchError",
+__all__ = ["function", "describe", "AutobatchFunction", "NoUTurnSampler", "AutobatchError",
            "UnsupportedSyntaxError", "TypeInferenceError", "StackOverflowError",
            "MaxStepsExceededError", "PrimitiveError"]
 
-from tfx_vec.autobatch.nuts import NoUTurnSampler  # noqa: E402  (issue #5)
+
+def __getattr__(name: str):
+    # NUTS needs TensorFlow Probability (and through it tf_keras): imported on first use only
+    if name == "NoUTurnSampler":
+        from .nuts import NoUTurnSampler
+        return NoUTurnSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

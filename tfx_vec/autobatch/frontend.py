@@ -1,16 +1,20 @@
-"""Front end: Python source (parsed with gast) -> Function IR (control-flow graph of blocks).
+"""Front end: a batched function's source -> Function IR (a control-flow graph of blocks).
 
-Straight-line statements become :class:`~tfx_vec.autobatch.ir.Primitive` s: each maximal run of
-them is compiled into one real Python function (with the user's file name and line numbers, so
-tracebacks point at the user's code) that runs on whole batches.  Calls to other batched
-functions are lifted out of expressions (A-normal form) into :class:`~tfx_vec.autobatch.ir.Call`
-ops; ``if``/``while``/``for i in range(n)``/``break``/``continue``/``return`` become blocks and
-terminators.  ``and``/``or``/``not`` and chained comparisons are rewritten to element-wise
-logical ops (both sides are evaluated: no short circuit).
+:mod:`.canonical` puts the source in canonical form through AutoGraph (``break``,
+``continue`` and early ``return`` lowered to flags, A-normal form, activity analysis); this
+module walks that form once:
 
-Anything else (``try``, ``with``, ``yield``, nested ``def``, assignments to attributes or
-subscripts, batched functions used as values, ...) raises
-:class:`~tfx_vec.autobatch.errors.UnsupportedSyntaxError` naming the user's file and line.
+* each maximal run of straight-line statements becomes one
+  :class:`~tfx_vec.autobatch.ir.Primitive`: a real Python function compiled with the user's
+  file name and line numbers (tracebacks point at the user's code), whose inputs and outputs
+  are what AutoGraph's activity analysis says the statements read and write;
+* an assignment of a call to a batched function becomes a :class:`~tfx_vec.autobatch.ir.Call`;
+* ``if``, ``while`` and ``for i in range(...)`` become blocks and branches, the final
+  ``return`` a :class:`~tfx_vec.autobatch.ir.Return` (jumps to a block that only returns are
+  replaced by the return).
+
+Anything it cannot batch raises :class:`~tfx_vec.autobatch.errors.UnsupportedSyntaxError`
+naming the user's file and line.
 
 Example:
     >>> import tensorflow as tf
@@ -28,85 +32,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import builtins
 import inspect
-import textwrap
 from typing import Any, Callable
 
 import gast
-import tensorflow as tf
+from tensorflow.python.autograph.pyct import anno
+from tensorflow.python.autograph.pyct.static_analysis.annos import NodeAnno
 
 from . import ir
-from .errors import UnsupportedSyntaxError
+from .canonical import Canonical, batched_python_function, canonicalize, extra_loop_test
+from .logic import HELPERS, PREFIX
+from .passes.liveness import block_liveness
 
-__all__ = ["compile_program", "batched_python_function", "logical_and", "logical_or",
-           "logical_not"]
+__all__ = ["compile_program", "batched_python_function"]
 
-_PREFIX = "_ab_"
-_REJECTED_STMTS = {
-    "Try": "try/except", "TryStar": "try/except*", "With": "with", "AsyncWith": "async with",
-    "Raise": "raise", "Global": "global", "Nonlocal": "nonlocal", "Delete": "del",
-    "Import": "import", "ImportFrom": "import", "Assert": "assert (use tf.debugging in a "
-    "helper function)", "FunctionDef": "a nested def", "AsyncFunctionDef": "a nested def",
-    "ClassDef": "a nested class", "Match": "match", "AsyncFor": "async for",
-}
-_REJECTED_EXPRS = {"Yield": "yield", "YieldFrom": "yield from", "Await": "await",
-                   "NamedExpr": "an assignment expression (:=)"}
-
-
-def batched_python_function(obj: Any) -> Callable | None:
-    """The Python function behind an ``ab.function`` object, or None for anything else."""
-    return getattr(obj, "_autobatch_python_fn", None)
-
-
-# {{{ element-wise logic used by rewritten predicates
-
-def _is_python_bool(x: Any) -> bool:
-    return isinstance(x, (bool, int)) and not isinstance(x, tf.Tensor)
-
-
-def logical_and(a: Any, b: Any) -> Any:
-    """``a and b`` on per-member predicates (both sides already evaluated)."""
-    if _is_python_bool(a) and _is_python_bool(b):
-        return bool(a) and bool(b)
-    return tf.logical_and(truth(a), truth(b))
-
-
-def logical_or(a: Any, b: Any) -> Any:
-    """``a or b`` on per-member predicates (both sides already evaluated)."""
-    if _is_python_bool(a) and _is_python_bool(b):
-        return bool(a) or bool(b)
-    return tf.logical_or(truth(a), truth(b))
-
-
-def logical_not(a: Any) -> Any:
-    """``not a`` on a per-member predicate."""
-    if _is_python_bool(a):
-        return not a
-    return tf.logical_not(truth(a))
-
-
-def truth(x: Any) -> Any:
-    """Python truthiness of a per-member predicate (``if n:`` on an int means ``n != 0``)."""
-    if isinstance(x, (bool, int, float)):
-        return bool(x)
-    x = tf.convert_to_tensor(x)
-    return x if x.dtype == tf.bool else tf.not_equal(x, tf.zeros_like(x))
-
-
-def start_like(start: Any, end: Any) -> Any:
-    """The first value of a ``range`` loop counter, batched like the loop's end."""
-    end = tf.convert_to_tensor(end)
-    return tf.cast(start, end.dtype) + tf.zeros_like(end)
-
-
-_HELPERS = {f"{_PREFIX}and": logical_and, f"{_PREFIX}or": logical_or,
-            f"{_PREFIX}not": logical_not, f"{_PREFIX}start": start_like,
-            f"{_PREFIX}truth": truth}
-
-# }}}
-
-# {{{ small AST helpers
 
 def _name(id_: str, ctx=None) -> gast.Name:
     return gast.Name(id=id_, ctx=ctx or gast.Load(), annotation=None, type_comment=None)
@@ -117,152 +56,73 @@ def _assign(target: str, value: gast.expr, like: gast.AST) -> gast.Assign:
     return gast.copy_location(node, like)
 
 
-def _helper_call(name: str, args: list, like: gast.AST) -> gast.Call:
-    return gast.copy_location(gast.Call(func=_name(_PREFIX + name), args=args, keywords=[]),
+def _call(helper: str, args: list, like: gast.AST) -> gast.Call:
+    return gast.copy_location(gast.Call(func=_name(PREFIX + helper), args=args, keywords=[]),
                               like)
 
 
-def _target_names(target: gast.AST) -> list[str]:
-    if isinstance(target, gast.Name):
-        return [target.id]
-    if isinstance(target, (gast.Tuple, gast.List)):
-        return [n for e in target.elts for n in _target_names(e)]
-    if isinstance(target, gast.Starred):
-        return _target_names(target.value)
-    return []
+def _source_order(node: gast.AST, names: set[str]) -> list[str]:
+    """``names`` in the order they first appear in ``node``."""
+    found = sorted((n.lineno or 0, n.col_offset or 0, n.id) for n in gast.walk(node)
+                   if isinstance(n, gast.Name) and n.id in names
+                   and getattr(n, "lineno", None) is not None)
+    ordered = list(dict.fromkeys(name for *_, name in found))
+    return ordered + sorted(names - set(ordered))
 
 
-def _assigned_names(stmts: list) -> set[str]:
-    """Locals a function body assigns (Python's scoping rule), not looking inside lambdas."""
-    names: set[str] = set()
+_CONNECTIVES = {PREFIX + "and": "and", PREFIX + "or": "or", PREFIX + "not": "not"}
+
+
+def _logic(expr: gast.expr) -> tuple:
+    """``expr`` as a formula (see :attr:`ir.Branch.logic`): connectives over flags."""
+    if isinstance(expr, gast.Name):
+        return ("var", expr.id)
+    if isinstance(expr, gast.Constant) and isinstance(expr.value, bool):
+        return ("const", expr.value)
+    if isinstance(expr, gast.Call) and isinstance(expr.func, gast.Name):
+        if expr.func.id == PREFIX + "truth" and len(expr.args) == 1:
+            return _logic(expr.args[0])
+        if expr.func.id in _CONNECTIVES:
+            return (_CONNECTIVES[expr.func.id], *map(_logic, expr.args))
+    return ("?",)
+
+
+def _roots(qns) -> set[str]:
+    return {str(root) for qn in qns for root in qn.support_set}
+
+
+def compile_primitive(can: Canonical, stmts: list, inputs: tuple, outputs: tuple) -> Callable:
+    """One real Python function ``(*inputs) -> tuple(outputs)`` running ``stmts``."""
+    src = can.source
+    freevars = list(src.closure)
+    factory = ast.parse(
+        f"def {PREFIX}factory({', '.join(freevars + list(HELPERS))}):\n"
+        f"    def {PREFIX}prim({', '.join(inputs)}):\n"
+        f"        return ({''.join(o + ', ' for o in outputs)})\n"
+        f"    return {PREFIX}prim\n").body[0]
+    body = []
     for s in stmts:
-        for node in gast.walk(s):
-            if isinstance(node, (gast.Assign,)):
-                for t in node.targets:
-                    names.update(_target_names(t))
-            elif isinstance(node, (gast.AugAssign, gast.AnnAssign, gast.For)):
-                names.update(_target_names(node.target))
-    return names
+        node = gast.gast_to_ast(s)
+        ast.increment_lineno(node, src.offset)
+        for n in ast.walk(node):  # nodes the converters built may carry stale positions
+            if hasattr(n, "lineno") and not (node.lineno <= n.lineno <= (n.end_lineno or 0)):
+                n.lineno = n.end_lineno = node.lineno
+        body.append(node)
+    line = body[0].lineno if body else src.offset + 1
+    for n in ast.walk(factory):  # the wrapper's own lines point at the first statement
+        if hasattr(n, "lineno"):
+            n.lineno = n.end_lineno = line
+    factory.body[0].body[0:0] = body
+    module = ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))
+    scope: dict[str, Any] = {}
+    exec(compile(module, src.filename, "exec"), src.fn.__globals__, scope)
+    return scope[f"{PREFIX}factory"](*[src.closure[v] for v in freevars], *HELPERS.values())
 
 
-def _loaded(node: gast.AST, local_names: set[str]) -> list[str]:
-    """Locals that ``node`` reads, in source order (duplicates removed)."""
-    out: dict[str, None] = {}
-    for n in gast.walk(node):
-        if isinstance(n, gast.Name) and isinstance(n.ctx, gast.Load) and n.id in local_names:
-            out.setdefault(n.id)
-    return list(out)
-
-
-class _LogicRewriter(gast.NodeTransformer):
-    """``and``/``or``/``not``/chained comparisons -> element-wise helpers."""
-
-    def visit_BoolOp(self, node):
-        self.generic_visit(node)
-        helper = "and" if isinstance(node.op, gast.And) else "or"
-        acc = node.values[0]
-        for v in node.values[1:]:
-            acc = _helper_call(helper, [acc, v], node)
-        return acc
-
-    def visit_UnaryOp(self, node):
-        self.generic_visit(node)
-        if isinstance(node.op, gast.Not):
-            return _helper_call("not", [node.operand], node)
-        return node
-
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        if len(node.ops) == 1:
-            return node
-        lefts = [node.left] + node.comparators[:-1]
-        parts = [gast.copy_location(gast.Compare(left=l, ops=[o], comparators=[r]), node)
-                 for l, o, r in zip(lefts, node.ops, node.comparators)]
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = _helper_call("and", [acc, p], node)
-        return acc
-
-# }}}
-
-
-class _Source:
-    """Where a function's code came from: parsed tree, file, line offset, namespace."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-        try:
-            lines, first = inspect.getsourcelines(fn)
-            self.filename = inspect.getsourcefile(fn) or "<unknown>"
-        except (OSError, TypeError) as e:
-            raise UnsupportedSyntaxError(
-                f"cannot read the source of {getattr(fn, '__qualname__', fn)!r}: {e}") from e
-        if "__autograph_generated" in self.filename:
-            raise UnsupportedSyntaxError(
-                f"{fn.__qualname__} was rewritten by AutoGraph before ab.function saw it (it is "
-                "defined inside code that a tf.function converts); decorate the enclosing "
-                "factory with @tf.autograph.experimental.do_not_convert")
-        tree = gast.parse(textwrap.dedent("".join(lines)))
-        defs = [n for n in tree.body if isinstance(n, gast.FunctionDef)]
-        if not defs:
-            raise UnsupportedSyntaxError(
-                f"{self.filename}:{first}: ab.function needs a `def` (got a lambda?)")
-        self.fdef = defs[0]
-        self.offset = first - 1
-        self.closure = {}
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                self.closure[name] = cell.cell_contents
-            except ValueError:
-                pass  # not yet bound: resolved as a plain name at run time
-
-    def loc(self, node: gast.AST) -> str:
-        return f"{self.filename}:{getattr(node, 'lineno', 1) + self.offset}"
-
-    def error(self, node: gast.AST, msg: str) -> UnsupportedSyntaxError:
-        return UnsupportedSyntaxError(f"{self.loc(node)}: {msg} (in {self.fn.__qualname__})")
-
-    def resolve(self, node: gast.AST, local_names: set[str]) -> Any:
-        """The object a Name/Attribute chain denotes at compile time (None if unknown/local)."""
-        if isinstance(node, gast.Name):
-            if node.id in local_names:
-                return None
-            if node.id in self.closure:
-                return self.closure[node.id]
-            if node.id in self.fn.__globals__:
-                return self.fn.__globals__[node.id]
-            return getattr(builtins, node.id, None)
-        if isinstance(node, gast.Attribute):
-            base = self.resolve(node.value, local_names)
-            try:
-                return getattr(base, node.attr) if base is not None else None
-            except Exception:  # a property that fails is simply not a batched function
-                return None
-        return None
-
-    def compile_primitive(self, stmts: list, inputs: tuple, outputs: tuple) -> Callable:
-        """One real Python function ``(*inputs) -> tuple(outputs)`` running ``stmts``."""
-        freevars = list(self.closure)
-        factory = ast.parse(
-            f"def {_PREFIX}factory({', '.join(freevars + list(_HELPERS))}):\n"
-            f"    def {_PREFIX}prim({', '.join(inputs)}):\n"
-            f"        return ({''.join(o + ', ' for o in outputs)})\n"
-            f"    return {_PREFIX}prim\n").body[0]
-        body = []
-        for s in stmts:
-            node = gast.gast_to_ast(_LogicRewriter().visit(s))
-            ast.increment_lineno(node, self.offset)
-            body.append(node)
-        line = body[0].lineno if body else self.offset + 1
-        for n in ast.walk(factory):  # the wrapper's own lines point at the first statement
-            if hasattr(n, "lineno"):
-                n.lineno = n.end_lineno = line
-        factory.body[0].body[0:0] = body
-        module = ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))
-        scope: dict[str, Any] = {}
-        exec(compile(module, self.filename, "exec"), self.fn.__globals__, scope)
-        return scope[f"{_PREFIX}factory"](*[self.closure[v] for v in freevars],
-                                          *_HELPERS.values())
+@dataclasses.dataclass(frozen=True)
+class _Statements:
+    """A primitive's statements, before :meth:`_FunctionBuilder._compiled` compiles them."""
+    stmts: tuple
 
 
 class _Block:
@@ -272,27 +132,26 @@ class _Block:
         self.order: int | None = None  # when it was first entered (source order)
 
 
-class _FunctionBuilder:
-    """Builds one :class:`ir.Function` from one Python function."""
+@dataclasses.dataclass
+class _Pending:
+    """A straight-line statement waiting to become part of a primitive."""
+    stmt: gast.stmt
+    reads: list[str]
+    writes: list[str]
 
-    def __init__(self, src: _Source, name: str, name_of: Callable[[Any], str],
+
+class _FunctionBuilder:
+    """Builds one :class:`ir.Function` from one canonical Python function."""
+
+    def __init__(self, can: Canonical, name: str, name_of: Callable[[Any], str],
                  arity_of: Callable[[Any], tuple]):
-        self.src, self.name, self.name_of, self.arity_of = src, name, name_of, arity_of
-        fdef = src.fdef
-        a = fdef.args
-        if a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.posonlyargs:
-            raise src.error(fdef, "batched functions take plain positional parameters only "
-                                  "(no defaults, *args, **kwargs or keyword-only)")
-        self.params = tuple(p.id for p in a.args)
-        self.locals = set(self.params) | _assigned_names(fdef.body)
-        for n in self.locals:
-            if n.startswith(_PREFIX):
-                raise src.error(fdef, f"local name {n!r} uses the reserved prefix {_PREFIX!r}")
+        self.can, self.src, self.name = can, can.source, name
+        self.name_of, self.arity_of = name_of, arity_of
+        self.locals = set(can.locals)
         self.blocks: list[_Block] = []
         self.entered = 0
         self.cur = self._enter(self._new())
-        self.pending: list = []
-        self.loops: list[tuple[_Block, _Block]] = []
+        self.pending: list[_Pending] = []
         self.counter = 0
 
     # -- blocks -------------------------------------------------------------------------
@@ -314,188 +173,157 @@ class _FunctionBuilder:
 
     def _fresh(self, kind: str) -> str:
         self.counter += 1
-        name = f"{_PREFIX}{kind}{self.counter}"
+        name = f"{PREFIX}{kind}{self.counter}"
+        while name in self.locals:
+            self.counter += 1
+            name = f"{PREFIX}{kind}{self.counter}"
         self.locals.add(name)
         return name
 
-    # -- primitives ---------------------------------------------------------------------
+    # -- straight-line code -------------------------------------------------------------
+    def _add(self, stmt: gast.stmt, reads=None, writes=None) -> None:
+        """Queue a statement: the user's with AutoGraph's activity sets, a generated one with
+        the names it reads (every local name in it) and ``writes``."""
+        if reads is None and anno.hasanno(stmt, anno.Static.SCOPE):
+            scope = anno.getanno(stmt, anno.Static.SCOPE)
+            reads = _source_order(stmt, _roots(scope.read) & self.locals)
+            writes = sorted(_roots(q for q in scope.modified if q.is_simple()) & self.locals)
+        elif reads is None:
+            reads = _source_order(stmt, {n.id for n in gast.walk(stmt) if isinstance(n, gast.Name)
+                                         and isinstance(n.ctx, gast.Load)} & self.locals)
+        self.pending.append(_Pending(stmt, reads, list(writes or ())))
+
     def flush(self) -> None:
         """Turn the pending straight-line statements into one Primitive."""
         if not self.pending:
             return
-        stmts, self.pending = self.pending, []
+        pending, self.pending = self.pending, []
         inputs: dict[str, None] = {}
         outputs: dict[str, None] = {}
-        for s in stmts:
-            uses = _loaded(s.value if isinstance(s, (gast.Assign, gast.AnnAssign)) else s,
-                           self.locals)
-            if isinstance(s, gast.AugAssign):
-                uses = _target_names(s.target) + uses
-            for u in uses:
+        for p in pending:
+            for u in p.reads:
                 if u not in outputs:
                     inputs.setdefault(u)
-            targets = (s.targets if isinstance(s, gast.Assign) else
-                       [s.target] if isinstance(s, (gast.AugAssign, gast.AnnAssign)) else [])
-            for t in targets:
-                for n in _target_names(t):
-                    outputs.setdefault(n)
+            outputs.update(dict.fromkeys(p.writes))
+        stmts = [p.stmt for p in pending]
         text = "; ".join(ast.unparse(gast.gast_to_ast(s)) for s in stmts)
         loc = self.src.loc(stmts[0])
-        if (len(stmts) == 1 and isinstance(stmts[0], gast.Assign)
-                and [type(t) for t in stmts[0].targets] == [gast.Name]
-                and isinstance(stmts[0].value, gast.Name) and len(inputs) == 1):
-            # `y = x` (and `return x`): a move the passes can see through (see result forwarding)
+        s = stmts[0]
+        if (len(stmts) == 1 and isinstance(s, gast.Assign) and len(s.targets) == 1
+                and isinstance(s.targets[0], gast.Name) and isinstance(s.value, gast.Name)
+                and len(inputs) == 1):
+            # `y = x`: a move the passes can see through (see result forwarding)
             self.cur.ops.append(dataclasses.replace(ir.move(tuple(outputs), tuple(inputs), loc),
                                                     text=text))
             return
-        fn = self.src.compile_primitive(stmts, tuple(inputs), tuple(outputs))
-        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs), fn, text, loc))
+        # compiled once liveness is known (_compiled): only live outputs leave the primitive
+        self.cur.ops.append(ir.Primitive(tuple(inputs), tuple(outputs),
+                                         _Statements(tuple(stmts)), text, loc))
 
-    def _check_expr(self, node: gast.AST) -> None:
-        for n in gast.walk(node):
-            kind = type(n).__name__
-            if kind in _REJECTED_EXPRS:
-                raise self.src.error(n, f"{_REJECTED_EXPRS[kind]} is not supported")
+    def as_var(self, expr: gast.AST, kind: str = "t") -> str:
+        """A local holding the value of ``expr``."""
+        if isinstance(expr, gast.Name) and expr.id in self.locals:
+            return expr.id
+        tmp = self._fresh(kind)
+        self._add(_assign(tmp, expr, expr), writes=[tmp])
+        return tmp
 
-    def lift(self, node: gast.AST) -> gast.AST:
-        """Replace calls to batched functions in ``node`` by Call ops (A-normal form)."""
-        self._check_expr(node)
-        builder = self
+    # -- calls to batched functions -----------------------------------------------------
+    def _callee(self, value: gast.AST) -> Any:
+        return (self.src.batched(value.func, self.locals)
+                if isinstance(value, gast.Call) else None)
 
-        class Lifter(gast.NodeTransformer):
-            def visit_Lambda(self, n):
-                builder._forbid_batched(n, "inside a lambda")
-                return n
-
-            def _comp(self, n):
-                builder._forbid_batched(n, "inside a comprehension")
-                return n
-
-            visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comp
-
-            def visit_Name(self, n):
-                if isinstance(n.ctx, gast.Load) and batched_python_function(
-                        builder.src.resolve(n, builder.locals)) is not None:
-                    raise builder.src.error(n, f"batched function {n.id!r} used as a value; "
-                                               "only direct calls are supported")
-                return n
-
-            def visit_Call(self, n):
-                target = builder.src.resolve(n.func, builder.locals)
-                if batched_python_function(target) is None:
-                    self.generic_visit(n)
-                    return n
-                n.args = [self.visit(a) for a in n.args]
-                for k in n.keywords:
-                    k.value = self.visit(k.value)
-                return builder._emit_call(n, target)
-
-        return Lifter().visit(node)
-
-    def _forbid_batched(self, node: gast.AST, where: str) -> None:
-        for n in gast.walk(node):
-            if isinstance(n, gast.Call) and batched_python_function(
-                    self.src.resolve(n.func, self.locals)) is not None:
-                raise self.src.error(n, f"call to a batched function {where} is not supported")
-
-    def _emit_call(self, call: gast.Call, target: Any) -> gast.Name:
+    def _emit_call(self, call: gast.Call, target: Any, out: str) -> None:
         params = self.arity_of(target)
-        if any(isinstance(a, gast.Starred) for a in call.args) or any(
-                k.arg is None for k in call.keywords):
-            raise self.src.error(call, "*args/**kwargs in a call to a batched function")
-        values: list = list(call.args) + [None] * (len(params) - len(call.args))
         if len(call.args) > len(params):
             raise self.src.error(call, f"too many arguments: {len(call.args)} for {params}")
+        values: list = list(call.args) + [None] * (len(params) - len(call.args))
         for k in call.keywords:
             if k.arg not in params or values[params.index(k.arg)] is not None:
                 raise self.src.error(call, f"unexpected or repeated keyword argument {k.arg!r}")
             values[params.index(k.arg)] = k.value
-        if any(v is None for v in values):
-            missing = [p for p, v in zip(params, values) if v is None]
+        missing = [p for p, v in zip(params, values) if v is None]
+        if missing:
             raise self.src.error(call, f"missing arguments {missing}")
         args = [self.as_var(v) for v in values]
         self.flush()
-        out = self._fresh("r")
         self.cur.ops.append(ir.Call(self.name_of(target), tuple(args), out, self.src.loc(call)))
-        return gast.copy_location(_name(out), call)
 
-    def as_var(self, expr: gast.AST, kind: str = "t") -> str:
-        """A local holding the value of the (already lifted) expression."""
-        if isinstance(expr, gast.Name) and expr.id in self.locals:
-            return expr.id
-        tmp = self._fresh(kind)
-        self.pending.append(_assign(tmp, expr, expr))
-        return tmp
+    def _call_into_temp(self, s: gast.stmt) -> gast.Name:
+        """Emit the batched call ``s.value`` into a fresh local; return a name for it."""
+        out = self._fresh("r")
+        self._emit_call(s.value, self._callee(s.value), out)
+        return gast.copy_location(_name(out), s.value)
 
     # -- statements ---------------------------------------------------------------------
     def body(self, stmts: list) -> None:
         for s in stmts:
-            self.stmt(s)
-
-    def stmt(self, s: gast.stmt) -> None:
-        kind = type(s).__name__
-        if kind in _REJECTED_STMTS:
-            raise self.src.error(s, f"{_REJECTED_STMTS[kind]} is not supported in a batched "
-                                    "function")
-        handler = getattr(self, f"stmt_{kind}", None)
-        if handler is None:
-            raise self.src.error(s, f"statement {kind} is not supported in a batched function")
-        handler(s)
-
-    def _check_targets(self, targets: list) -> None:
-        for t in targets:
-            for n in gast.walk(t):
-                if isinstance(n, (gast.Attribute, gast.Subscript)):
-                    raise self.src.error(n, "assignment to an attribute or subscript (batched "
-                                            "values are immutable: build a new value instead)")
+            handler = getattr(self, f"stmt_{type(s).__name__}", None)
+            if handler is None:
+                raise self.src.error(s, f"statement {type(s).__name__} is not supported in a "
+                                        "batched function")
+            handler(s)
 
     def stmt_Assign(self, s):
-        self._check_targets(s.targets)
-        s.value = self.lift(s.value)
-        self.pending.append(s)
+        target = self._callee(s.value)
+        if (len(s.targets) == 1 and isinstance(s.targets[0], gast.Name)
+                and isinstance(s.value, gast.Constant) and isinstance(s.value.value, bool)):
+            # a flag (AutoGraph's do_return, break_, continue_ or the user's): jump threading
+            # sees constants through ir.constant
+            self.flush()
+            self.cur.ops.append(ir.constant(s.targets[0].id, s.value.value, self.src.loc(s)))
+        elif target is None:
+            self._add(s)
+        elif len(s.targets) == 1 and isinstance(s.targets[0], gast.Name):
+            self._emit_call(s.value, target, s.targets[0].id)
+        else:  # `a, b = f(x)`: call into a temporary, then unpack it
+            out = self._call_into_temp(s)
+            s.value = out
+            self._add(s, [out.id], sorted({n.id for t in s.targets for n in gast.walk(t)
+                                           if isinstance(n, gast.Name)} & self.locals))
 
     def stmt_AugAssign(self, s):
-        self._check_targets([s.target])
-        s.value = self.lift(s.value)
-        self.pending.append(s)
+        if self._callee(s.value) is None:
+            self._add(s)
+            return
+        s.value = self._call_into_temp(s)
+        self._add(s, [s.target.id, s.value.id], [s.target.id])
 
     def stmt_AnnAssign(self, s):
-        self._check_targets([s.target])
-        if s.value is None:
-            return
-        self.stmt_Assign(gast.copy_location(
-            gast.Assign(targets=[s.target], value=s.value, type_comment=None), s))
+        if s.value is not None:
+            plain = gast.copy_location(
+                gast.Assign(targets=[s.target], value=s.value, type_comment=None), s)
+            anno.copyanno(s, plain, anno.Static.SCOPE)
+            self.stmt_Assign(plain)
 
     def stmt_Expr(self, s):
-        if isinstance(s.value, gast.Constant) and isinstance(s.value.value, str):
+        v = s.value
+        if isinstance(v, gast.Constant) and isinstance(v.value, str):
             return  # docstring
-        s.value = self.lift(s.value)
-        self.pending.append(s)
+        if isinstance(v, gast.Name) or (isinstance(v, gast.Tuple) and all(
+                isinstance(e, gast.Name) for e in v.elts)):
+            return  # AutoGraph's no-op marker `(break_,)`
+        if self._callee(v) is not None:
+            self._call_into_temp(s)
+        else:
+            self._add(s)
 
     def stmt_Pass(self, s):
         pass
 
     def stmt_Return(self, s):
-        if s.value is None:
-            raise self.src.error(s, "a batched function must return a value")
-        value = self.lift(s.value)
-        self.pending.append(_assign(f"{_PREFIX}ret", value, s))
-        self.locals.add(f"{_PREFIX}ret")
-        self._terminate(_PendingReturn(f"{_PREFIX}ret"))
-        self._enter(self._new())  # unreachable code after return
-
-    def _predicate(self, test: gast.AST) -> str:
-        lifted = self.lift(test)
-        if not isinstance(lifted, (gast.Compare, gast.BoolOp)) and not (
-                isinstance(lifted, gast.UnaryOp) and isinstance(lifted.op, gast.Not)):
-            lifted = _helper_call("truth", [lifted], test)
-        return self.as_var(lifted, "c")
+        self._terminate(_PendingReturn(s.value.id))
+        self._enter(self._new())  # nothing follows the one return
 
     def stmt_If(self, s):
-        cond = self._predicate(s.test)
+        assert isinstance(s.test, gast.Name), "A-normal form names every if test"
+        cond = s.test.id  # a local holding truth(test), assigned just before
+        defs = [p.stmt.value for p in self.pending if cond in p.writes
+                and isinstance(p.stmt, gast.Assign)]
         then_b, join = self._new(), self._new()
         else_b = self._new() if s.orelse else join
-        self._terminate(_PendingBranch(cond, then_b, else_b, self.src.loc(s)))
+        self._terminate(_PendingBranch(cond, then_b, else_b, self.src.loc(s),
+                                       _logic(defs[-1]) if defs else ("?",)))
         for block, stmts in ((then_b, s.body), (else_b, s.orelse)):
             if block is join:
                 continue
@@ -504,99 +332,117 @@ class _FunctionBuilder:
             self._terminate(_PendingJump(join))
         self._enter(join)
 
-    def _loop(self, s, header: _Block, cond: str, setup_body: list) -> None:
+    def _loop(self, s, header: _Block, cond: str, test: gast.expr, setup: list) -> None:
         body_b, exit_b = self._new(), self._new()
-        self._terminate(_PendingBranch(cond, body_b, exit_b, self.src.loc(s)))
+        self._terminate(_PendingBranch(cond, body_b, exit_b, self.src.loc(s), _logic(test)))
         self._enter(body_b)
-        self.pending.extend(setup_body)
-        self.loops.append((header, exit_b))
+        self.pending.extend(setup)
         self.body(s.body)
-        self.loops.pop()
         self._terminate(_PendingJump(header))
         self._enter(exit_b)
 
-    def stmt_While(self, s):
-        if s.orelse:
-            raise self.src.error(s, "while/else is not supported")
+    def _header(self) -> _Block:
         header = self._new()
         self._terminate(_PendingJump(header))
         self._enter(header)
-        self._loop(s, header, self._predicate(s.test), [])
+        return header
+
+    def stmt_While(self, s):
+        header = self._header()
+        cond = self._fresh("c")
+        scope = anno.getanno(s, NodeAnno.COND_SCOPE)
+        self._add(_assign(cond, s.test, s), _source_order(s.test, _roots(scope.read)
+                                                           & self.locals), [cond])
+        self._loop(s, header, cond, s.test, [])
 
     def stmt_For(self, s):
-        if s.orelse:
-            raise self.src.error(s, "for/else is not supported")
-        it = s.iter
-        if not (isinstance(it, gast.Call) and isinstance(it.func, gast.Name)
-                and it.func.id == "range" and self.src.resolve(it.func, self.locals) is range
-                and 1 <= len(it.args) <= 3 and not it.keywords):
-            raise self.src.error(s, "only `for <name> in range(...)` loops are supported")
-        if not isinstance(s.target, gast.Name):
-            raise self.src.error(s, "the loop variable of a range loop must be a plain name")
-        args = [self.lift(a) for a in it.args]
+        args = s.iter.args
         start = args[0] if len(args) > 1 else gast.Constant(value=0, kind=None)
         end = args[1] if len(args) > 1 else args[0]
-        step = 1
-        if len(args) == 3:
-            if not (isinstance(args[2], gast.Constant) and isinstance(args[2].value, int)
-                    and args[2].value != 0):
-                raise self.src.error(s, "the step of a range loop must be a nonzero int literal")
-            step = args[2].value
-        end_v = self.as_var(end, "end")
+        step = args[2].value if len(args) == 3 else 1
+        end_v = self._fresh("end")  # range() reads its bounds once
+        self._add(_assign(end_v, end, s), writes=[end_v])
         counter = self._fresh("i")
-        self.pending.append(_assign(counter, _helper_call("start", [start, _name(end_v)], s), s))
-        header = self._new()
-        self._terminate(_PendingJump(header))
-        self._enter(header)
-        op = gast.Lt() if step > 0 else gast.Gt()
+        self._add(_assign(counter, _call("start", [start, _name(end_v)], s), s),
+                  writes=[counter])
+        header = self._header()
         cond = self._fresh("c")
-        self.pending.append(_assign(cond, gast.Compare(left=_name(counter), ops=[op],
-                                                       comparators=[_name(end_v)]), s))
-        setup = [_assign(s.target.id, _name(counter), s),
-                 _assign(counter, gast.BinOp(left=_name(counter), op=gast.Add(),
-                                             right=gast.Constant(value=step, kind=None)), s)]
-        self._loop(s, header, cond, setup)
-
-    def stmt_Break(self, s):
-        if not self.loops:
-            raise self.src.error(s, "break outside a loop")
-        self._terminate(_PendingJump(self.loops[-1][1]))
-        self._enter(self._new())
-
-    def stmt_Continue(self, s):
-        if not self.loops:
-            raise self.src.error(s, "continue outside a loop")
-        self._terminate(_PendingJump(self.loops[-1][0]))
-        self._enter(self._new())
+        test = gast.Compare(left=_name(counter), ops=[gast.Lt() if step > 0 else gast.Gt()],
+                            comparators=[_name(end_v)])
+        extra = extra_loop_test(s)
+        if extra is not None:
+            test = _call("and", [test, extra], s)
+        self._add(_assign(cond, test, s), writes=[cond])
+        setup = [_Pending(_assign(s.target.id, _name(counter), s), [counter], [s.target.id]),
+                 _Pending(_assign(counter, gast.BinOp(left=_name(counter), op=gast.Add(),
+                                                      right=gast.Constant(value=step, kind=None)),
+                                  s), [counter], [counter])]
+        self._loop(s, header, cond, test, setup)
 
     # -- finish -------------------------------------------------------------------------
     def build(self) -> ir.Function:
-        self.body(self.src.fdef.body)
+        fdef = self.can.fdef
+        self.body(fdef.body)
         self.flush()
         entry = self.blocks[0]
-        reachable, stack = [], [entry]
-        seen = {id(entry)}
+        reachable, stack, seen = [], [entry], {id(entry)}
         while stack:
             b = stack.pop()
             reachable.append(b)
             if b.term is None:
-                raise self.src.error(self.src.fdef, f"{self.name} can reach its end without "
-                                                    "a return statement")
+                raise self.src.error(fdef, f"{self.name} can reach its end without a return "
+                                           "statement")
             for nxt in b.term.targets():
                 if id(nxt) not in seen:
                     seen.add(id(nxt))
                     stack.append(nxt)
         reachable.sort(key=lambda b: b.order)
+        for b in reachable:
+            b.term = b.term.threaded()
+        reachable = [b for b in reachable if b is entry or any(
+            t is b for o in reachable for t in o.term.targets())]
         index = {id(b): i for i, b in enumerate(reachable)}
         blocks = tuple(ir.Block(f"{self.name}.{i}", tuple(b.ops), b.term.resolve(index))
                        for i, b in enumerate(reachable))
-        return ir.Function(self.name, self.params, blocks, f"{_PREFIX}ret",
-                           self.src.loc(self.src.fdef))
+        return self._compiled(ir.Function(self.name, self.can.params, blocks,
+                                          self.can.result or "", self.src.loc(fdef)))
+
+    def _compiled(self, f: ir.Function) -> ir.Function:
+        """Compile every primitive, its outputs narrowed to the variables live after it (a
+        lambda or a list used within one run of statements is never a batched variable)."""
+        _, after = block_liveness(f.blocks, lambda i: ir.successors(f.blocks[i].terminator))
+        blocks = []
+        for i, b in enumerate(f.blocks):
+            ops = []
+            for k, op in enumerate(b.ops):
+                if isinstance(op, ir.Primitive) and isinstance(op.fn, _Statements):
+                    outputs = tuple(v for v in op.outputs if v in after[(i, k)])
+                    op = dataclasses.replace(op, outputs=outputs, fn=compile_primitive(
+                        self.can, op.fn.stmts, op.inputs, outputs))
+                ops.append(op)
+            blocks.append(dataclasses.replace(b, ops=tuple(ops)))
+        return dataclasses.replace(f, blocks=tuple(blocks))
+
+
+def _skip_empty(b: _Block) -> _Block:
+    """Where control really goes when it enters ``b``: past blocks that only jump."""
+    seen = set()
+    while not b.ops and isinstance(b.term, _PendingJump) and id(b) not in seen:
+        seen.add(id(b))
+        b = b.term.target
+    return b
 
 
 class _PendingJump:
     def __init__(self, target: _Block):
         self.target = target
+
+    def threaded(self):
+        """Jumps past empty blocks; a jump to a block that only returns is that return."""
+        target = _skip_empty(self.target)
+        if not target.ops and isinstance(target.term, _PendingReturn):
+            return target.term
+        return _PendingJump(target)
 
     def targets(self):
         return (self.target,)
@@ -606,19 +452,28 @@ class _PendingJump:
 
 
 class _PendingBranch:
-    def __init__(self, cond: str, true: _Block, false: _Block, loc: str):
-        self.cond, self.true, self.false, self.loc = cond, true, false, loc
+    def __init__(self, cond: str, true: _Block, false: _Block, loc: str, logic: tuple):
+        self.cond, self.true, self.false, self.loc, self.logic = cond, true, false, loc, logic
+
+    def threaded(self):
+        # (a branch into an empty block that jumps to a loop test stays: block merging copies
+        # the test into that block, so members skip the loop header)
+        return self
 
     def targets(self):
         return (self.true, self.false)
 
     def resolve(self, index):
-        return ir.Branch(self.cond, index[id(self.true)], index[id(self.false)], self.loc)
+        return ir.Branch(self.cond, index[id(self.true)], index[id(self.false)], self.loc,
+                         self.logic)
 
 
 class _PendingReturn:
     def __init__(self, value: str):
         self.value = value
+
+    def threaded(self):
+        return self
 
     def targets(self):
         return ()
@@ -659,8 +514,8 @@ def compile_program(main: Any) -> ir.Program:
     i = 0
     while i < len(objects):
         obj = objects[i]
-        name = names[id(obj)]
-        functions[name] = _FunctionBuilder(_Source(batched_python_function(obj)), name,
-                                           name_of, arity_of).build()
+        can = canonicalize(batched_python_function(obj))
+        functions[names[id(obj)]] = _FunctionBuilder(can, names[id(obj)], name_of,
+                                                     arity_of).build()
         i += 1
     return ir.Program(functions, names[id(main)], notes=("frontend",))

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 __all__ = ["Primitive", "Call", "Push", "Pop", "Update", "Peek", "Jump", "Branch", "Return",
            "PushJump", "Block", "Function", "Program", "TEMPORARY", "REGISTER", "STACK",
            "format_function", "format_program", "reads", "writes", "successors", "when_mask",
-           "move", "is_move", "transfers"]
+           "move", "is_move", "constant", "constant_value", "transfers"]
 
 TEMPORARY, REGISTER, STACK = "temporary", "register", "stack"
 
@@ -105,6 +105,26 @@ def is_move(op: Any) -> bool:
     return isinstance(op, Primitive) and op.fn is _move
 
 
+@dataclasses.dataclass(frozen=True)
+class _Constant:
+    value: Any
+
+    def __call__(self):
+        return (self.value,)
+
+
+def constant(output: str, value: Any, loc: str = "") -> Primitive:
+    """A primitive assigning a Python constant (a flag's ``True``/``False``) to ``output``."""
+    return Primitive((), (output,), _Constant(value), f"{output} = {value!r}", loc)
+
+
+def constant_value(op: Any) -> tuple[bool, Any]:
+    """``(True, value)`` if ``op`` was made by :func:`constant`, else ``(False, None)``."""
+    if isinstance(op, Primitive) and isinstance(op.fn, _Constant):
+        return True, op.fn.value
+    return False, None
+
+
 Op = Any  # Primitive | Call | Push | Pop | Update | Peek
 
 # }}}
@@ -118,11 +138,18 @@ class Jump:
 
 @dataclasses.dataclass(frozen=True)
 class Branch:
-    """Go to ``true`` for members whose ``cond`` is true, ``false`` for the others."""
+    """Go to ``true`` for members whose ``cond`` is true, ``false`` for the others.
+
+    ``logic`` (Function IR, from the front end): what ``cond`` is, as a formula over the
+    variables the block's op reads -- ``("var", name)``, ``("const", bool)``, ``("not", f)``,
+    ``("and", f, g)``, ``("or", f, g)``, or ``("?",)`` for anything else; jump threading
+    (:mod:`.passes.thread_jumps`) evaluates it where some variables are known constants.
+    """
     cond: str
     true: int
     false: int
     loc: str = ""
+    logic: tuple = dataclasses.field(default=("?",), compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +232,9 @@ class Program:
 def reads(op: Op) -> tuple[str, ...]:
     """Variables whose current value ``op`` reads (stack traffic counts as a read for Push)."""
     if isinstance(op, Primitive):
-        return op.inputs + tuple(dict.fromkeys(c for c, _ in op.when))
+        # a predicated write keeps the old value where its condition fails: it reads it too
+        kept = op.outputs if op.when else ()
+        return op.inputs + tuple(dict.fromkeys([c for c, _ in op.when] + list(kept)))
     if isinstance(op, Call):
         return op.args
     if isinstance(op, (Push, Update)):

@@ -22,35 +22,36 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from . import ir
 from .errors import AutobatchError, MaxStepsExceededError, StackOverflowError
-from .types import batch_size_of, run_primitive, select
+from .types import batch_size_of, fit, run_primitive, select
 
 __all__ = ["run"]
 
 
 class _Runner:
-    def __init__(self, program: ir.Program, gather: bool, xla_blocks: bool,
-                 max_stack_depth: int, max_steps: int, jit_cache: dict | None):
-        self.program, self.gather, self.xla = program, gather, xla_blocks
+    def __init__(self, program: ir.Program, types: Mapping[str, Mapping[str, Any]],
+                 gather: bool, xla_blocks: bool, max_stack_depth: int, max_steps: int,
+                 jit_cache: dict | None):
+        self.program, self.types, self.gather, self.xla = program, types, gather, xla_blocks
         self.max_depth, self.max_steps, self.steps = max_stack_depth, max_steps, 0
         self.jitted: dict[int, Any] = {} if jit_cache is None else jit_cache
 
-    def primitive(self, prim: ir.Primitive, values: list, batch: Any) -> tuple:
-        if not self.xla:
-            return run_primitive(prim, values, batch)
-        fn = self.jitted.get(id(prim))
+    def primitive(self, f: ir.Function, prim: ir.Primitive, values: list, batch: Any) -> tuple:
+        out_types = [self.types[f.name][v] for v in prim.outputs]
+        if not self.xla or not values:
+            return run_primitive(prim, values, batch, out_types)
+        key = (id(prim), repr(out_types))
+        fn = self.jitted.get(key)
         if fn is None:
-            fn = tf.function(lambda *a: run_primitive(prim, a, batch_size_of(a)),
+            fn = tf.function(lambda *a: run_primitive(prim, a, batch_size_of(a), out_types),
                              jit_compile=True, autograph=False)
-            self.jitted[id(prim)] = fn
-        if not values:
-            return run_primitive(prim, values, batch)
+            self.jitted[key] = fn
         return fn(*values)
 
     def function(self, f: ir.Function, args: Sequence[Any], depth: int,
@@ -60,7 +61,9 @@ class _Runner:
             raise StackOverflowError(f"{f.loc}: recursion deeper than max_stack_depth="
                                      f"{self.max_depth} in {f.name}")
         batch = int(batch_size_of(args))
-        env: dict[str, Any] = dict(zip(f.params, args))
+        env: dict[str, Any] = {p: tf.nest.map_structure(lambda x, s: fit(x, s, batch), a,
+                                                        self.types[f.name][p])
+                               for p, a in zip(f.params, args)}
         n_blocks = len(f.blocks)
         pc = np.zeros([batch], np.int64) if here is None else np.where(here, 0, n_blocks)
         while True:
@@ -97,7 +100,7 @@ class _Runner:
         for op in block.ops:
             if isinstance(op, ir.Primitive):
                 values = [self._read(f, env, v, op.loc) for v in op.inputs]
-                outs = self.primitive(op, values, batch)
+                outs = self.primitive(f, op, values, batch)
             else:
                 values = [self._read(f, env, v, op.loc) for v in op.args]
                 outs = (self.call(op, values, here, depth),)
@@ -118,7 +121,7 @@ class _Runner:
 
         for op in block.ops:
             if isinstance(op, ir.Primitive):
-                outs = self.primitive(op, [read(v, op.loc) for v in op.inputs], len(idx))
+                outs = self.primitive(f, op, [read(v, op.loc) for v in op.inputs], len(idx))
                 names = op.outputs
             else:
                 outs = (self.call(op, [read(v, op.loc) for v in op.args], None, depth),)
@@ -155,7 +158,8 @@ class _Runner:
 
 
 @tf.autograph.experimental.do_not_convert
-def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
+def run(program: ir.Program, args: Sequence[Any], types: Mapping[str, Mapping[str, Any]], *,
+        gather: bool = False,
         xla_blocks: bool = False, max_stack_depth: int = 32, max_steps: int = 100_000,
         jit_cache: dict | None = None) -> Any:
     """Run a Function-IR program eagerly on batched ``args`` (Algorithm 1).
@@ -163,6 +167,7 @@ def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
     Args:
       program: from :func:`tfx_vec.autobatch.frontend.compile_program`.
       args: one structure of batched tensors per parameter of main.
+      types: ``{function: {variable: spec}}`` (:func:`tfx_vec.autobatch.types.infer_types`).
       gather: gather/scatter the active members instead of masking.
       xla_blocks: compile each primitive with XLA.
       max_stack_depth: deepest Python recursion allowed.
@@ -176,6 +181,6 @@ def run(program: ir.Program, args: Sequence[Any], *, gather: bool = False,
     if not tf.executing_eagerly():
         raise AutobatchError("the local_static runtime runs eagerly (it recurses in Python); "
                              "use runtime='program_counter' inside tf.function")
-    runner = _Runner(program, gather, xla_blocks, max_stack_depth, max_steps, jit_cache)
+    runner = _Runner(program, types, gather, xla_blocks, max_stack_depth, max_steps, jit_cache)
     args = tf.nest.map_structure(tf.convert_to_tensor, tuple(args))
     return runner.function(program.functions[program.main], args, 0)

@@ -19,14 +19,14 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from . import ir
-from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
-from .types import infer_types, qualified_types, run_primitive, spec_of
+from .errors import AutobatchError, MaxStepsExceededError, StackOverflowError, TypeInferenceError
+from .types import fit, qualified_types, run_primitive
 
 __all__ = ["run"]
 
@@ -46,14 +46,16 @@ def _zeros(spec: Any, leading: tuple = ()) -> Any:
 
 
 @tf.autograph.experimental.do_not_convert
-def run(program: ir.Program, lower: Callable[[Mapping[str, Any]], ir.Program],
-        args: Sequence[Any], *, max_stack_depth: int = 32, max_steps: int = 100_000) -> Any:
-    """Run ``program`` on batched ``args``; returns NumPy arrays.  ``lower(types)`` gives its
-    stack-machine form for the arguments' types (``AutobatchFunction.lowered``)."""
-    args = tuple(_np(a) for a in args)
-    types = qualified_types(infer_types(program, tuple(spec_of(a) for a in args)))
-    lowered = lower(types)
-    batch = tf.nest.flatten(args)[0].shape[0]
+def run(fn: Any, args: Sequence[Any], weak: Sequence[tuple] | None = None, *,
+        max_stack_depth: int = 32, max_steps: int = 100_000, shapes: str = "exact") -> Any:
+    """Run the ``ab.function`` ``fn`` on batched ``args`` (``weak``: which leaves were Python
+    literals); returns NumPy arrays."""
+    if not tf.executing_eagerly():
+        raise AutobatchError("the numpy runtime runs eagerly (it steps the machine in Python "
+                             "over NumPy arrays); use runtime='program_counter' in a graph")
+    types = qualified_types(fn.types_for(tuple(args), weak, shapes))
+    lowered = fn.lowered(types)
+    batch = int(tf.nest.flatten(args)[0].shape[0])
     depth, halt = max_stack_depth, len(lowered.blocks)
     alloc = lowered.allocation
     vals: dict[str, Any] = {}
@@ -65,7 +67,8 @@ def run(program: ir.Program, lower: Callable[[Mapping[str, Any]], ir.Program],
             vals[v] = _zeros(types[v])
     stacks = {v: _zeros(types[v], (depth,)) for v, a in alloc.items() if a == ir.STACK}
     sps = {v: np.zeros(batch, np.int64) for v in stacks}
-    vals.update(zip(lowered.params, args))
+    vals.update((p, _np(tf.nest.map_structure(lambda x, s: fit(x, s, batch), a, types[p])))
+                for p, a in zip(lowered.params, args))
     pc = np.full(batch, lowered.entries[lowered.main], np.int64)
     pc_stack = np.full((depth + 1, batch), halt, np.int64)
     pc_sp = np.ones(batch, np.int64)
@@ -83,7 +86,7 @@ def run(program: ir.Program, lower: Callable[[Mapping[str, Any]], ir.Program],
                 ins = [tf.nest.map_structure(tf.convert_to_tensor,
                                              temps[v] if v in temps else vals[v])
                        for v in op.inputs]
-                outs = _np(run_primitive(op, ins, batch))
+                outs = _np(run_primitive(op, ins, batch, [types[v] for v in op.outputs]))
                 when = ir.when_mask(op, lambda c: np.asarray(
                     temps[c] if c in temps else vals[c]).astype(bool), np.logical_and)
                 for v, new in zip(op.outputs, outs):

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from . import ir
 from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
-from .types import infer_types, qualified_types, run_primitive, select, spec_of, zeros_of
+from .types import fit, leading, qualified_types, run_primitive, select, spec_of, zeros_of
 
 __all__ = ["run", "call", "call_resumable", "idle_machine", "Status", "SCHEDULERS"]
 
@@ -78,6 +78,11 @@ SCHEDULERS: dict[str, Callable[[tf.Tensor, int], tf.Tensor] | None] = {
 # scalar index per member (slot * batch + member): on XLA:CPU a 1-D scatter/gather with
 # contiguous member-minor rows is about 1.6x faster than a 2-D (member, slot) one into
 # [batch, depth], and the stack writes are a large part of a loop step.
+
+def _batch(t: tf.Tensor) -> Any:
+    """The batch size of a batched tensor: static if known, else a scalar tensor."""
+    return leading(t.shape) if leading(t.shape) is not None else tf.shape(t)[0]
+
 
 def _flat_index(slot: tf.Tensor) -> tf.Tensor:
     batch = tf.shape(slot)[0]
@@ -131,6 +136,35 @@ def _merge_big(big: dict, part: dict) -> dict:
             "stack": {**big["stack"], **part["stack"]}}
 
 
+def _none_free(branch: Callable[[], Any], structure: list) -> Callable[[], list]:
+    """``branch`` returning only its tensors (the structure, Nones included, kept aside)."""
+    def run():
+        out = branch()
+        structure[:] = [out]
+        return [x for x in tf.nest.flatten(out) if x is not None]
+    return run
+
+
+def _repacked(structure: Any, tensors: Sequence[tf.Tensor]) -> Any:
+    it = iter(tensors)
+    return tf.nest.pack_sequence_as(structure, [None if x is None else next(it)
+                                                for x in tf.nest.flatten(structure)])
+
+
+def _cond(pred: tf.Tensor, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    """``tf.cond`` whose branches may return ``None`` leaves (TF1's control flow cannot)."""
+    structure: list = []
+    out = tf.cond(pred, _none_free(true_fn, structure), _none_free(false_fn, structure))
+    return _repacked(structure[0], out)
+
+
+def _switch_case(index: tf.Tensor, branches: Sequence[Callable[[], Any]]) -> Any:
+    """``tf.switch_case`` whose branches may return ``None`` leaves (see :func:`_cond`)."""
+    structure: list = []
+    out = tf.switch_case(index, [_none_free(b, structure) for b in branches])
+    return _repacked(structure[0], out)
+
+
 def _pushes_pc(t: Any) -> bool:
     """Does terminator ``t`` write the program-counter stack?"""
     return isinstance(t, ir.PushJump) and t.push
@@ -177,31 +211,29 @@ class _Machine:
             "overflow": tf.zeros([batch], tf.bool),
             "runs": tf.zeros([self.halt], tf.int32),
             "members": tf.zeros([self.halt], tf.int32),
-            "vals": {v: zeros_of(self.types[v]) for v in self.registers + self.stacks},
+            "vals": {v: zeros_of(self.types[v], batch) for v in self.registers + self.stacks},
             "sp": {v: tf.zeros([batch], tf.int32) for v in self.stacks},
         }
         for v, a in zip(self.p.params, args):
             small["vals"][v] = tf.nest.map_structure(
-                lambda x, s: tf.cast(x, s.dtype), a, self.types[v])
+                lambda x, s: fit(x, s, batch), a, self.types[v])
         pc_stack = tf.concat([tf.fill([1, batch], self.halt),
                               tf.zeros([d + 1, batch], tf.int32)], axis=0)
-        stacks = {v: tf.nest.map_structure(
-            lambda s: tf.zeros([d + 1, batch] + s.shape.as_list()[1:], s.dtype), self.types[v])
-            for v in self.stacks}
+        stacks = {v: zeros_of(self.types[v], batch, [d + 1]) for v in self.stacks}
         return small, {"pc_stack": pc_stack, "stack": stacks}
 
     def _no_write(self, v: str | None, batch: int) -> tuple:
-        value = tf.zeros([batch], tf.int32) if v is None else zeros_of(self.types[v])
+        value = tf.zeros([batch], tf.int32) if v is None else zeros_of(self.types[v], batch)
         return tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool), value
 
     def no_writes(self, small: dict) -> dict:
-        batch = small["pc"].shape[0]
+        batch = _batch(small["pc"])
         return {"pc_stack": self._no_write(None, batch),
                 "stack": {v: self._no_write(v, batch) for v in self.stacks}}
 
     def block(self, i: int, small: dict, big: dict) -> tuple[dict, dict]:
         b = self.p.blocks[i]
-        batch = small["pc"].shape[0]
+        batch = _batch(small["pc"])
         active = tf.equal(small["pc"], i)
         vals, sp = dict(small["vals"]), dict(small["sp"])
         overflow = small["overflow"]
@@ -216,16 +248,15 @@ class _Machine:
 
         for op in b.ops:
             if isinstance(op, ir.Primitive):
-                outs = run_primitive(op, [read(v) for v in op.inputs], batch)
+                outs = run_primitive(op, [read(v) for v in op.inputs], batch,
+                                     [self.types[v] for v in op.outputs])
                 when = ir.when_mask(op, lambda c: tf.cast(read(c), tf.bool), tf.logical_and)
                 for v, new in zip(op.outputs, outs):
                     if self.p.allocation[v] == ir.TEMPORARY:
                         temps[v] = new if when is None or v not in temps else select(
                             when, new, temps[v], f"{op.loc}: {v}")
                     else:
-                        vals[v] = select(active if when is None else active & when,
-                                         tf.nest.map_structure(lambda n, s: tf.cast(n, s.dtype),
-                                                               new, self.types[v]),
+                        vals[v] = select(active if when is None else active & when, new,
                                          vals[v], f"{op.loc}: {v}")
             elif isinstance(op, ir.Push) and _pushes_pc(b.terminator):
                 # Caller-saves pushes sit in the block of the call they save around, so a
@@ -365,7 +396,7 @@ class _Machine:
             utilization: bool, machine: tuple | None = None,
             until: Callable[[dict], tf.Tensor] | None = None,
             refresh: Sequence[str] = ()) -> tuple[Any, Status, tuple]:
-        batch = int(tf.nest.flatten(args)[0].shape[0])
+        batch = _batch(tf.nest.flatten(args)[0])
         choose = SCHEDULERS[scheduler]
         if machine is None:
             small, big = self.initial_state(args, batch)
@@ -430,7 +461,7 @@ class _Machine:
             loop guard is as fast (446 vs 469 ms a step).  In a TF graph a ``tf.cond``."""
             keys, part = self.writes_of(i), self.changes_of(i)
             if not xla:
-                changed, writes = tf.cond(
+                changed, writes = _cond(
                     runs(small["pc"]),
                     lambda: (lambda new, w: (part(new), w))(*uniform_block(i, small, big, keys)),
                     lambda: (part(small), self.uniform(small, _NO_WRITES, keys)))
@@ -468,7 +499,7 @@ class _Machine:
                     small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
                 return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
-            changed, writes = tf.switch_case(nxt, [
+            changed, writes = _switch_case(nxt, [
                 lambda i=i: (lambda new, w: (part(new), w))(*uniform_block(i, small, big))
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
@@ -540,9 +571,14 @@ def _graph_checks(result: Any, status: Status, opts: Mapping[str, Any], name: st
 def _signature_key(args: tuple) -> tuple:
     """A cheap hashable key for the structure, shapes and dtypes of ``args``."""
     if all(isinstance(a, tf.Tensor) for a in args):  # the common case, without tf.nest
-        return len(args), tuple((tuple(a.shape), a.dtype) for a in args)
+        return len(args), tuple((_shape_key(a.shape), a.dtype) for a in args)
     return (tf.nest.map_structure(lambda _: 0, args),
-            tuple((tuple(x.shape), x.dtype) for x in tf.nest.flatten(args)))
+            tuple((_shape_key(x.shape), x.dtype) for x in tf.nest.flatten(args)))
+
+
+def _shape_key(shape: tf.TensorShape) -> tuple | None:
+    """Hashable in TF1 mode too (where a shape's dimensions are ``Dimension`` objects)."""
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 class _Traced:
@@ -566,12 +602,14 @@ def _tensors(args: Sequence[Any]) -> tuple:
                  tf.nest.map_structure(tf.convert_to_tensor, a) for a in args)
 
 
-def _prepared(fn: Any, args: tuple, opts: Mapping[str, Any]) -> tuple[tuple, dict, ir.Program]:
-    """The cache key, types and program (blocks merged for this signature) of ``fn(*args)``."""
-    key = (_signature_key(args), opts["max_stack_depth"], opts["max_steps"], opts["scheduler"],
-           opts["utilization"])
+def _prepared(fn: Any, args: tuple, opts: Mapping[str, Any],
+              weak: Sequence[tuple] | None = None) -> tuple[tuple, dict, ir.Program]:
+    """The cache key, types and program (blocks merged for this signature) of ``fn(*args)``;
+    ``weak``: per argument, which leaves were Python literals."""
+    key = (_signature_key(args), None if weak is None else tuple(weak), opts["max_stack_depth"],
+           opts["max_steps"], opts["scheduler"], opts["utilization"], opts.get("shapes"))
     if key not in fn._compiled:
-        types = qualified_types(infer_types(fn.program(), tuple(spec_of(a) for a in args)))
+        types = qualified_types(fn.types_for(args, weak, opts.get("shapes")))
         fn._compiled[key] = types, fn.lowered(types)
     return (key, *fn._compiled[key])
 
@@ -582,7 +620,7 @@ def idle_machine(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> tuple
     args = _tensors(args)
     _, types, program = _prepared(fn, args, opts)
     small, big = _Machine(program, types, opts["max_stack_depth"]).initial_state(
-        args, int(tf.nest.flatten(args)[0].shape[0]))
+        args, _batch(tf.nest.flatten(args)[0]))
     return dict(small, pc=tf.fill(tf.shape(small["pc"]), len(program.blocks))), big
 
 
@@ -646,15 +684,17 @@ def call_resumable(fn: Any, args: Sequence[Any], opts: Mapping[str, Any], machin
     return result, regs, new
 
 
-def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
+def call(fn: Any, args: Sequence[Any], opts: Mapping[str, Any],
+         weak: Sequence[tuple] | None = None) -> Any:
     """``fn(*args)`` with the program-counter runtime (what ``ab.function`` calls).
 
     Each input signature and option set gets its types and program (blocks merged for that
     signature) once; eagerly, also one traced ``ConcreteFunction``, called directly (a
-    ``tf.function`` call would redo its signature matching every time, ~60 us).
+    ``tf.function`` call would redo its signature matching every time, ~60 us).  ``args`` are
+    batched already (:func:`.arguments.batch`); ``weak`` marks the Python literals among them.
     """
     args = _tensors(args)
-    key, types, program = _prepared(fn, args, opts)
+    key, types, program = _prepared(fn, args, opts, weak)
 
     def go(*a):
         result, status = run(program, types, a, max_stack_depth=opts["max_stack_depth"],

@@ -1,13 +1,25 @@
-"""The public entry point: ``define`` a TC source, call its defs on tensors.
+"""The public face: ``define`` a TC source, call its defs on tensors.
 
-The pipeline, once per definition (at ``define``): parse -> check (names, types, TC rules, the
-range-inference plan); once per input-shape signature (JIT): infer ranges at those sizes ->
-backend compile (poly kernel, schedule, code, compiled object, cached); per call: convert inputs
-(NumPy views of the TF tensors, no copy when already contiguous), check shapes/dtypes, run,
-return ``tf.Tensor`` outputs.
+``tc.define(source)`` parses and checks every ``def`` once and returns a :class:`Module`; each
+def is an :class:`Entry`, compiled per input-shape signature on first call (JIT, §6.1).
+
+Calling an entry:
+
+- on NumPy arrays: the kernel runs on their buffers (no copy) and returns ``tf.Tensor``s;
+- on ``tf.Tensor``/``tf.Variable`` inputs (eager, in ``tf.function``, in Keras): the call *is*
+  the TF op of the backend (``TcKernel`` on cpu, ``TcCudaKernel`` on cuda) with its gradient: a
+  backward TC derived from the TC (``grad.py``), so ``tf.GradientTape`` differentiates it.  A TC
+  whose gradient cannot be derived raises :class:`~.errors.TcGradientError` (line and column)
+  when the gradient is asked for, never a ``None``.  The opencl backend has no TF op: eagerly
+  its entries are differentiable the same way (the backward TC runs on opencl), inside
+  ``tf.function`` they raise ``TcBackendError``;
+- ``outputs=[...]``: outputs provided by the caller.  NumPy arrays are written in place,
+  ``tf.Variable``s assigned; their contents (tensors too) are what a reduction without ``!``
+  reduces into when no earlier statement initialises the output (``MaxVal(n) max= I(n,d)``),
+  zeros when ``outputs`` is not given.
 
 Example:
-    >>> import numpy as np
+    >>> import numpy as np, tensorflow as tf
     >>> from tfx_vec import tc_ops as tc
     >>> mod = tc.define('''
     ... def tmm(float(M,K) A, float(N,K) B) -> (C) {
@@ -16,8 +28,12 @@ Example:
     >>> A = np.ones((2, 3), np.float32); B = np.ones((4, 3), np.float32)
     >>> mod.tmm(A, B).numpy().tolist()[0]
     [3.0, 3.0, 3.0, 3.0]
-    >>> "void tc_tmm(void* const* args)" in mod.tmm.source()
-    True
+    >>> a = tf.constant(A)
+    >>> with tf.GradientTape() as tape:
+    ...     tape.watch(a)
+    ...     loss = tf.reduce_sum(mod.tmm(a, B))
+    >>> tape.gradient(loss, a).numpy().tolist()[0]
+    [4.0, 4.0, 4.0]
 """
 from __future__ import annotations
 
@@ -25,19 +41,24 @@ import threading
 from typing import Any, Sequence
 
 import numpy as np
+import tensorflow as tf
 
-from . import lang
-from .backends import KernelSpec, get_backend
+from . import grad as tc_grad
+from .autotune import cached_options
+from .backends import get_backend
 from .errors import TcBackendError, TcError, TcNameError, TcOptionsError, TcShapeError
 from .lang import ast as A
-from .lang.ranges import Ranges, check_values, infer_ranges
-from .lang.sema import CheckedDef, check
+from .lang.ranges import Ranges, check_values
+from .lang.sema import CheckedDef, check_program
 from .lang.types import np_dtype
 from .options import MappingOptions
+from .pipeline import (INIT_PREFIX, compile_def, generate_source, host_arrays,  # noqa: F401
+                       host_view, infer, initial_outputs_tc, output_specs)
+from .tf_op import TcFunction
 
 __all__ = ["define", "Module", "Entry", "generate_source", "compile_def"]
 
-#: Backends with a TF op (``tf_op.TcFunction``): what an entry becomes inside ``tf.function``.
+#: Backends with a TF op (``tf_op.TcFunction``): what an entry on TF tensors becomes.
 _TF_OP_BACKENDS = ("cpu", "cuda")
 
 
@@ -47,34 +68,48 @@ def define(source: str, backend: str = "cpu", options: MappingOptions | None = N
 
     Args:
         source: TC text with one or more ``def``.
-        backend: a registered backend name ("cpu"; "cuda"/"opencl" when registered).  Inside
-            ``tf.function`` a "cpu" entry is the ``TcKernel`` op and a "cuda" entry the
-            ``TcCudaKernel`` op (GPU only); "opencl" entries run eagerly only.
+        backend: a registered backend name ("cpu", "opencl", "cuda").  On ``tf.Tensor``
+            inputs a "cpu" entry is the ``TcKernel`` op and a "cuda" entry the
+            ``TcCudaKernel`` op (GPU only), both with gradients; "opencl" entries run eagerly
+            only (differentiable there too).
         options: default MappingOptions of every entry (None: ``MappingOptions.default_for``).
         cache: an autotuning cache (path or ``CompilationCache``): a call without ``options=``
             first looks up tuned options for its input shapes there.
 
     Raises:
         TcError: syntax, name, type, semantic and range-inference errors, with line/column.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def axpy(float a, float(N) X, float(N) Y) -> (Z) "
+        ...                 "{ Z(i) = a * X(i) + Y(i) }")
+        >>> mod.axpy(np.float32(2), np.ones(3, np.float32), np.ones(3, np.float32)).numpy()
+        array([3., 3., 3.], dtype=float32)
+        >>> mod.names
+        ('axpy',)
     """
-    prog = lang.parse(source)
-    seen = set()
-    for d in prog.defs:
-        if d.name in seen:
-            raise TcNameError(f"def {d.name} is defined twice", d.span, source)
-        seen.add(d.name)
+    checked = check_program(source)
     get_backend(backend)  # fail early on an unknown backend
-    return Module(prog, backend, options, cache)
+    return Module(checked, backend, options, cache)
 
 
 class Module:
-    """The defs of one TC source; ``mod.<name>`` / ``mod["name"]`` is an :class:`Entry`."""
+    """The defs of one TC source; ``mod.<name>`` / ``mod["name"]`` is an :class:`Entry`.
 
-    def __init__(self, program: A.Program, backend: str, options: MappingOptions | None,
+    Example:
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def f(float(N) A) -> (B) { B(i) = A(i) }  "
+        ...                 "def g(float(N) A) -> (B) { B(i) = -A(i) }")
+        >>> [e.name for e in mod], mod["g"].backend
+        (['f', 'g'], 'cpu')
+    """
+
+    def __init__(self, checked: dict, backend: str, options: MappingOptions | None,
                  cache: Any = None):
-        self.program, self.backend = program, backend
-        self._entries = {d.name: Entry(check(d, program.source), backend, options, cache)
-                         for d in program.defs}
+        self.backend = backend
+        self._entries = {name: Entry(cdef, backend, options, cache)
+                         for name, cdef in checked.items()}
 
     def __getattr__(self, name: str) -> "Entry":
         entries = self.__dict__.get("_entries", {})
@@ -97,59 +132,21 @@ class Module:
         return tuple(self._entries)
 
 
-def _index_inputs(cdef: CheckedDef) -> tuple[str, ...]:
-    """Input tensors whose values are used as subscripts (checked against bounds per call)."""
-    names = []
-    for cs in cdef.stmts:
-        for r in cs.reads:
-            for a in r.args:
-                for x in A.walk(a):
-                    if isinstance(x, A.Call) and x.name in cdef.tensors and \
-                            cdef.tensors[x.name].kind == "input":
-                        names.append(x.name)
-    return tuple(dict.fromkeys(names))
-
-
-def compile_def(cdef: CheckedDef, shapes: dict, scalars: dict | None = None,
-                backend: str = "cpu", options: MappingOptions | None = None,
-                value_ranges: dict | None = None):
-    """Infer ranges at ``shapes`` and compile with ``backend``; returns (kernel, ranges)."""
-    ranges = infer_ranges(cdef, shapes, scalars, value_ranges)
-    options = options or MappingOptions.default_for(cdef.ast)
-    return get_backend(backend).compile(KernelSpec(cdef, ranges, options)), ranges
-
-
-def generate_source(source: str, entry: str, input_shapes: Sequence[Sequence[int]],
-                    backend: str = "cpu", options: MappingOptions | None = None,
-                    scalars: dict | None = None) -> str:
-    """The code ``backend`` generates for def ``entry`` at the given input shapes.
-
-    ``input_shapes`` lists the shapes of the tensor parameters in signature order;
-    ``scalars`` gives the int scalar arguments that subscripts depend on.
-    """
-    cdef = define(source, backend=backend)[entry].cdef
-    tensor_params = [p for p in cdef.inputs if not p.is_scalar]
-    if len(input_shapes) != len(tensor_params):
-        raise TcShapeError(f"{entry}: expected {len(tensor_params)} input shapes "
-                           f"({', '.join(p.name for p in tensor_params)}), got {len(input_shapes)}")
-    shapes = {p.name: tuple(s) for p, s in zip(tensor_params, input_shapes)}
-    kernel, _ = compile_def(cdef, shapes, scalars, backend, options)
-    return kernel.source
-
-
-def _host_view(t: Any) -> np.ndarray:
-    """A NumPy view of an eager CPU tensor's buffer (``.numpy()`` would copy it)."""
-    view = getattr(t, "_numpy", None)     # EagerTensor: shares memory; kernels only read inputs
-    if view is not None:
-        try:
-            return view()
-        except Exception:  # noqa: BLE001 - e.g. a non-CPU tensor: fall back to the copy
-            pass
-    return t.numpy()
-
-
 class Entry:
-    """One TC def, callable on tensors: ``entry(*inputs, options=None)``."""
+    """One TC def, callable on tensors: ``entry(*inputs, options=None, outputs=None)``.
+
+    See the module docstring for what a call does on NumPy arrays, on TF tensors and with
+    ``outputs=``.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> acc = tc.define("def acc(float(N,K) A) -> (S) { S(n) += A(n,k) }").acc
+        >>> S = np.ones(2, np.float32)                   # reduced into, in place
+        >>> _ = acc(np.ones((2, 3), np.float32), outputs=[S])
+        >>> S.tolist()
+        [4.0, 4.0]
+    """
 
     def __init__(self, cdef: CheckedDef, backend: str, options: MappingOptions | None,
                  cache: Any = None):
@@ -158,7 +155,7 @@ class Entry:
         self._compiled: dict = {}
         self._last = None
         self._lock = threading.Lock()
-        self._index_inputs = _index_inputs(cdef)
+        self._index_inputs = cdef.index_inputs
         self._params = cdef.inputs
 
     @property
@@ -168,33 +165,14 @@ class Entry:
     def __repr__(self) -> str:
         return f"<TC entry {self.name} ({self.backend})>"
 
+    # -- inputs ----------------------------------------------------------------------------
     def _convert(self, args: Sequence[Any]) -> list[np.ndarray]:
+        return host_arrays(self.cdef, args)
+
+    def _check_count(self, args: Sequence[Any]) -> None:
         if len(args) != len(self._params):
             raise TcShapeError(f"{self.name} takes {len(self._params)} input(s) "
                                f"({', '.join(p.name for p in self._params)}), got {len(args)}")
-        out = []
-        for p, x in zip(self._params, args):
-            want = np_dtype(p.dtype)
-            if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-                x = _host_view(x)
-            if p.is_scalar:
-                arr = np.asarray(x)
-                if arr.ndim != 0:
-                    raise TcShapeError(f"{self.name}: scalar argument {p.name} got an array of "
-                                       f"shape {arr.shape}")
-                try:
-                    out.append(np.array(arr, dtype=want))
-                except (TypeError, ValueError) as e:
-                    raise TcShapeError(f"{self.name}: scalar argument {p.name} is declared "
-                                       f"{p.dtype}, got {x!r}") from e
-                continue
-            arr = np.asarray(x)
-            if arr.dtype != want:
-                raise TcShapeError(f"{self.name}: input {p.name} is declared {p.dtype} "
-                                   f"({want}) but got dtype {arr.dtype}")
-            # (np.ascontiguousarray would turn a 0-d array into shape (1,))
-            out.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
-        return out
 
     def _key_and_scalars(self, arrays: list[np.ndarray]) -> tuple[tuple, dict]:
         shapes = tuple(a.shape for a in arrays)
@@ -216,12 +194,16 @@ class Entry:
                 if hit is None:
                     hit = compile_def(self.cdef, shapes, scalars, self.backend, options)
                     self._compiled[full] = hit
-        if self._index_inputs:       # index values change per call: check them every time
-            values = {p.name: ((int(a.min()), int(a.max())) if a.size else (0, 0))
-                      for p, a in zip(self._params, arrays) if p.name in self._index_inputs}
-            check_values(self.cdef, hit[1], values)
+        self._check_values(arrays, hit[1])
         self._last = hit[0]
         return hit
+
+    def _check_values(self, arrays: list[np.ndarray], ranges: Ranges) -> None:
+        """Index values change per call: check the data-dependent subscripts every time."""
+        if self._index_inputs:
+            values = {p.name: ((int(a.min()), int(a.max())) if a.size else (0, 0))
+                      for p, a in zip(self._params, arrays) if p.name in self._index_inputs}
+            check_values(self.cdef, ranges, values)
 
     def compile(self, *inputs: Any, options: MappingOptions | None = None):
         """Compile for these inputs (or anything with their shapes) without running."""
@@ -231,59 +213,206 @@ class Entry:
     def _default_options(self, inputs: Sequence[Any]) -> MappingOptions:
         """Tuned options from ``cache`` for these input shapes if any, else the entry's."""
         if self.cache is not None:
-            from .autotune import cached_options
             tuned = cached_options(self, *inputs, cache=self.cache)
             if tuned is not None:
                 return tuned
         return self.options
 
-    def run_numpy(self, *inputs: Any, options: MappingOptions | None = None
-                  ) -> tuple[np.ndarray, ...]:
-        """Run and return the outputs as NumPy arrays (in ``-> (...)`` order)."""
+    # -- outputs ---------------------------------------------------------------------------
+    def _output_buffers(self, ranges: Ranges, outputs: Sequence[Any] | None) -> list[np.ndarray]:
+        """The arrays the kernel writes: the caller's NumPy arrays themselves (in place),
+        copies of other given outputs (their contents are the initial values), else zeros."""
+        specs = output_specs(self.cdef, ranges)
+        given = self._given_outputs(outputs, specs)
+        bufs = []
+        for (name, shape, dtype), x in zip(specs, given):
+            if x is None:
+                bufs.append(np.zeros(shape, dtype))
+            elif isinstance(x, np.ndarray):
+                if not (x.flags.c_contiguous and x.flags.writeable):
+                    raise TcShapeError(f"{self.name}: outputs= array for {name} must be "
+                                       "writable and C-contiguous (it is written in place)")
+                bufs.append(x)
+            else:
+                bufs.append(np.array(host_view(tf.convert_to_tensor(x)), dtype, copy=True))
+        return bufs
+
+    def _given_outputs(self, outputs: Sequence[Any] | None, specs: list) -> list:
+        """``outputs`` checked against the inferred output specs (None: one None per output)."""
+        if outputs is None:
+            return [None] * len(specs)
+        if not isinstance(outputs, (list, tuple)):
+            outputs = [outputs]
+        if len(outputs) != len(specs):
+            raise TcShapeError(f"{self.name}: outputs= has {len(outputs)} tensor(s) but the TC "
+                               f"has {len(specs)} output(s) ({', '.join(n for n, _, _ in specs)})")
+        for (name, shape, dtype), x in zip(specs, outputs):
+            if x is None:
+                continue
+            xs = tuple(x.shape)
+            xd = np.dtype(x.dtype.as_numpy_dtype if isinstance(x.dtype, tf.DType) else x.dtype)
+            if xs != tuple(shape) or xd != dtype:
+                raise TcShapeError(f"{self.name}: outputs= tensor for {name} has shape {xs} and "
+                                   f"dtype {xd}; the TC computes shape {tuple(shape)}, {dtype}")
+        return list(outputs)
+
+    @staticmethod
+    def _assign_variables(outputs: Sequence[Any] | None, results: Sequence[Any]) -> None:
+        for x, r in zip(outputs or (), results):
+            if isinstance(x, tf.Variable):
+                x.assign(r)
+
+    # -- running ---------------------------------------------------------------------------
+    def run_numpy(self, *inputs: Any, options: MappingOptions | None = None,
+                  outputs: Sequence[Any] | None = None) -> tuple[np.ndarray, ...]:
+        """Run and return the outputs as NumPy arrays (in ``-> (...)`` order); ``outputs``
+        as for a call (NumPy arrays given there are the arrays returned, written in place)."""
         arrays = self._convert(inputs)
         kernel, ranges = self._prepare(arrays, options or self._default_options(inputs))
-        outs = [np.zeros(ranges.shapes[n], np_dtype(self.cdef.tensors[n].dtype))
-                for n in self.cdef.outputs]
+        outs = self._output_buffers(ranges, outputs)
         kernel.run(arrays + outs)
         return tuple(outs)
 
-    def __call__(self, *inputs: Any, options: MappingOptions | None = None):
+    def __call__(self, *inputs: Any, options: MappingOptions | None = None,
+                 outputs: Sequence[Any] | None = None):
         """Run on tf.Tensor/NumPy inputs; one ``tf.Tensor`` per output (a tuple if several).
 
-        Inside ``tf.function`` (symbolic inputs) the call becomes a TF op of ``tf_op.py`` with a
-        gradient, so entries compose with graphs: ``TcKernel`` (the generated C) for the cpu
-        backend, ``TcCudaKernel`` (the generated CUDA as PTX, launched on TF's GPU stream) for
-        the cuda backend.  Other backends have no TF op and raise ``TcBackendError`` there.
-        """
-        import tensorflow as tf
-        if not tf.executing_eagerly() or any(
-                isinstance(x, tf.Tensor) and not hasattr(x, "_numpy") for x in inputs):
-            return self._graph_call(inputs, options)
-        outs = self.run_numpy(*inputs, options=options)
-        res = tuple(tf.convert_to_tensor(o) for o in outs)
-        return res[0] if len(res) == 1 else res
-
-    def _graph_call(self, inputs: Sequence[Any], options: MappingOptions | None):
-        if self.backend not in _TF_OP_BACKENDS:
-            raise TcBackendError(
-                f"{self.name}: backend {self.backend!r} has no TF op, so it cannot run inside "
-                f"tf.function; call the entry eagerly, or define it with backend='cpu' "
-                f"(the TcKernel op) or backend='cuda' (the TcCudaKernel op, on a GPU)")
+        TF tensors make the call the backend's TF op, with its gradient (module docstring)."""
         if options is not None and not isinstance(options, MappingOptions):
             raise TcOptionsError(f"{self.name}: options must be a tc.MappingOptions, "
                                  f"got {type(options).__name__}")
-        from .tf_op import tc_function
-        options = options or self.options
-        key = ("graph", self.backend, options)   # one TF op function per backend and mapping
+        uses_tf = any(isinstance(x, (tf.Tensor, tf.Variable)) for x in inputs)
+        if uses_tf or not tf.executing_eagerly():
+            if self.cdef.inout:
+                res = self._call_with_initial_outputs(inputs, options, outputs)
+            elif self.backend in _TF_OP_BACKENDS:
+                res = self._op_call(inputs, options, outputs)
+            elif tf.executing_eagerly():
+                res = self._eager_differentiable_call(inputs, options, outputs)
+            else:
+                raise TcBackendError(
+                    f"{self.name}: backend {self.backend!r} has no TF op, so it cannot run "
+                    f"inside tf.function; call the entry eagerly, or define it with "
+                    f"backend='cpu' (the TcKernel op) or backend='cuda' (the TcCudaKernel op, "
+                    "on a GPU)")
+        else:
+            res = tuple(tf.convert_to_tensor(o) for o in
+                        self.run_numpy(*inputs, options=options, outputs=outputs))
+        self._assign_variables(outputs, res)
+        return res[0] if len(res) == 1 else res
+
+    def _tensors(self, inputs: Sequence[Any]) -> list[tf.Tensor]:
+        self._check_count(inputs)
+        out = []
+        for p, x in zip(self._params, inputs):
+            want = _tf_dtype(p.dtype)
+            out.append(x if isinstance(x, tf.Tensor) and x.dtype == want
+                       else tf.convert_to_tensor(x, dtype=want))
+        return out
+
+    def _call_with_initial_outputs(self, inputs: Sequence[Any], options: MappingOptions | None,
+                                   outputs: Sequence[Any] | None) -> tuple:
+        """A def that reduces into its outputs' initial contents, on TF tensors: the same def
+        taking those contents as inputs (``pipeline.initial_outputs_tc``), so the TF op
+        computes it and the gradient reaches the initial values too."""
+        tensors = self._tensors(inputs)
+        ranges = self._static_ranges(tensors)
+        given = self._given_outputs(outputs, output_specs(self.cdef, ranges))
+        source = initial_outputs_tc(self.cdef, ranges)
+        key = ("initial outputs", source)
+        entry = self._compiled.get(key)
+        if entry is None:
+            entry = self._compiled[key] = Entry(check_program(source)[self.name], self.backend,
+                                                self.options, self.cache)
+        init = [_initial_value(given[self.cdef.outputs.index(n)], n, ranges, self.cdef)
+                for n in self.cdef.inout]
+        res = entry(*tensors, *init, options=options)
+        self._last = entry._last
+        return res if isinstance(res, tuple) else (res,)
+
+    def _op_call(self, inputs: Sequence[Any], options: MappingOptions | None,
+                 outputs: Sequence[Any] | None) -> tuple:
+        """The backend's TF op on these inputs."""
+        tensors = self._tensors(inputs)
+        options = options or self._default_options(tensors)
+        if outputs is not None:        # checked; no output is read before it is written
+            self._given_outputs(outputs, output_specs(self.cdef, self._static_ranges(tensors)))
+        if tf.executing_eagerly() and self._index_inputs:
+            # ids are known now: check them (in graphs the op clamps them into range)
+            self._check_values(self._convert(tensors), self._static_ranges(tensors))
+        fn = self._tf_function(self.cdef.source, options)
+        res = fn(*tensors)
+        specs = [tf.TensorSpec(x.shape, x.dtype) for x in tensors]
+        self._last = _OpSource(lambda: fn.kernel_source(*(tf.zeros(s.shape, s.dtype)
+                                                           for s in specs)))
+        return res if isinstance(res, tuple) else (res,)
+
+    def _static_ranges(self, tensors: Sequence[tf.Tensor]) -> Ranges:
+        shapes, scalars = {}, {}
+        for p, x in zip(self._params, tensors):
+            if p.is_scalar:
+                if p.name in self.cdef.structural_scalars:
+                    v = tf.get_static_value(x)
+                    if v is None:
+                        raise TcShapeError(f"{self.name}: scalar {p.name} sizes or indexes "
+                                           "tensors, so it must be a constant")
+                    scalars[p.name] = int(v)
+            elif not x.shape.is_fully_defined():
+                raise TcShapeError(f"{self.name}: input {p.name} has a shape {x.shape} that is "
+                                   "not fully known")
+            else:
+                shapes[p.name] = tuple(x.shape)
+        return infer(self.cdef, shapes, scalars, {n: (0, 0) for n in self._index_inputs})
+
+    def _tf_function(self, source: str, options: MappingOptions) -> TcFunction:
+        """The TF op wrapper for ``source`` (this def, or its initial-outputs form) and options,
+        made once."""
+        key = ("op", source, options)
         fn = self._compiled.get(key)
         if fn is None:
             with self._lock:
                 fn = self._compiled.get(key)
                 if fn is None:
-                    fn = self._compiled[key] = tc_function(self.cdef.source, self.name,
-                                                           options=options, backend=self.backend)
-        return fn(*inputs)
+                    fn = self._compiled[key] = TcFunction(source, self.name, options=options,
+                                                          backend=self.backend)
+        return fn
 
+    def _eager_differentiable_call(self, inputs: Sequence[Any], options: MappingOptions | None,
+                                   outputs: Sequence[Any] | None) -> tuple:
+        """A backend without TF op, eagerly: the kernel run with ``tf.custom_gradient``, whose
+        gradient runs the derived backward TC on the same backend."""
+        tensors = self._tensors(inputs)
+        if outputs is not None:
+            self._given_outputs(outputs, output_specs(self.cdef, self._static_ranges(tensors)))
+
+        @tf.custom_gradient
+        def run(*xs):
+            outs = tuple(tf.convert_to_tensor(o) for o in self.run_numpy(*xs, options=options))
+
+            def backward(*dys):
+                return self._backward(xs, dys, options)
+            return outs, backward
+        return tuple(run(*tensors))
+
+    def _backward(self, xs: Sequence[tf.Tensor], dys: Sequence[Any], options) -> list:
+        """d(inputs) from the outputs' gradients through the derived backward TC."""
+        ranges = self._static_ranges(list(xs))
+        key = ("backward", ranges.key())
+        bwd = self._compiled.get(key)
+        if bwd is None:
+            b = tc_grad.backward_tc(self.cdef.source, self.name, ranges=ranges)
+            bwd = self._compiled[key] = (b, Entry(check_program(b.source)[b.entry],
+                                                  self.backend, options, None))
+        b, entry = bwd
+        types = [np_dtype(p.dtype) for p in entry.cdef.inputs[len(xs):]]
+        dys = [np.zeros(s, t) if g is None else np.asarray(g, t) for g, (_, s, _), t in
+               zip(dys, output_specs(self.cdef, ranges), types)]
+        ds = entry.run_numpy(*xs, *dys)
+        pos = {name: k for k, name in enumerate(b.wrt)}
+        return [tf.convert_to_tensor(ds[pos[p.name]]) if p.name in pos else None
+                for p in self._params]
+
+    # -- inspection ------------------------------------------------------------------------
     def source(self) -> str:
         """The generated code for the last compiled sizes."""
         if self._last is None:
@@ -295,7 +424,28 @@ class Entry:
         """Inferred output shapes for the given input tensor shapes (no compilation)."""
         tensor_params = [p for p in self._params if not p.is_scalar]
         shapes = {p.name: tuple(s) for p, s in zip(tensor_params, input_shapes)}
-        r: Ranges = infer_ranges(self.cdef, shapes, scalars)
+        r = infer(self.cdef, shapes, scalars)
         return tuple(r.shapes[n] for n in self.cdef.outputs)
 
 
+class _OpSource:
+    """The code an entry's TF op carries, generated when asked for (``Entry.source``)."""
+
+    def __init__(self, make):
+        self._make = make
+
+    @property
+    def source(self) -> str:
+        return self._make()
+
+
+def _initial_value(x: Any, name: str, ranges: Ranges, cdef: CheckedDef) -> tf.Tensor:
+    """The initial contents of output ``name`` for the op (zeros when not given)."""
+    dtype = _tf_dtype(cdef.tensors[name].dtype)
+    if x is None:
+        return tf.zeros(ranges.shapes[name], dtype)
+    return tf.convert_to_tensor(x.read_value() if isinstance(x, tf.Variable) else x, dtype)
+
+
+def _tf_dtype(t: str) -> tf.DType:
+    return tf.as_dtype(np_dtype(t))

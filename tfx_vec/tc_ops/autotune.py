@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import platform
 import random
 import statistics
 import time
@@ -32,15 +33,36 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from .backends import cuda as cuda_backend
+from .backends import opencl as opencl_backend
+from .cache import CompilationCache
 from .errors import TcError
+from .lang.printer import def_to_tc
+from .lang.types import np_dtype
 from .options import FUSION_STRATEGIES, MappingOptions
+from .pipeline import compile_def, host_arrays, infer, output_specs
 
 __all__ = ["TuningTarget", "TuneResult", "genetic_search", "search_space", "genes_to_options",
-           "options_to_genes", "autotune", "cached_options", "EntryTarget", "def_source"]
+           "options_to_genes", "autotune", "cached_options", "cache_key_for", "EntryTarget",
+           "def_source"]
 
 
 class TuningTarget(Protocol):
-    """What the search needs from a kernel on a backend."""
+    """What the search needs from a kernel on a backend.
+
+    Example:
+        A target whose "kernel" is its options and whose run time falls with the first tile
+        size (what :func:`genetic_search` sees of a real backend):
+
+        >>> import numpy as np
+        >>> class Toy:
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / (compiled.tile[0] if compiled.tile else 1)
+        >>> isinstance(Toy().run(Toy().compile(MappingOptions(tile=(4,))))[1], float)
+        True
+    """
 
     def compile(self, options: MappingOptions) -> Any:
         """Compile for ``options`` (called from several threads at once)."""
@@ -51,7 +73,20 @@ class TuningTarget(Protocol):
 
 @dataclasses.dataclass
 class TuneResult:
-    """The outcome of a search; ``options`` is the best found (or the start)."""
+    """The outcome of a search; ``options`` is the best found (or the start).
+
+    Example:
+        >>> import numpy as np
+        >>> class Toy:
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / compiled.tile[0]
+        >>> r = genetic_search(Toy(), {"tile0": [1, 2, 4, 8]}, MappingOptions(tile=(1,)),
+        ...                    [np.zeros(1)], generations=2, population=4, progress=False)
+        >>> r.runtime <= r.start_runtime, r.rejected
+        (True, 0)
+    """
 
     options: MappingOptions
     runtime: float
@@ -75,7 +110,15 @@ def _sizes(extent: int, cap: int = 512) -> list[int]:
 
 
 def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
-    """Genes and their admissible values for loops of the given ``extents`` (outermost first)."""
+    """Genes and their admissible values for loops of the given ``extents`` (outermost first).
+
+    Example:
+        >>> space = search_space("cpu", [128, 1024])
+        >>> space["tile0"][:4], space["register_rows"], space["vector_width"]
+        ([1, 2, 4, 8], [0, 4, 6, 8, 10, 12], [0, 16, 32, 64])
+        >>> "use_shared_memory" in search_space("opencl", [64])
+        True
+    """
     genes: dict[str, list] = {}
     for k, e in enumerate(extents[:3]):
         genes[f"tile{k}"] = _sizes(e)
@@ -84,6 +127,13 @@ def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
     if backend == "cpu":
         genes["parallel"] = [0, 1, 2]
         genes["vectorize"] = [False, True]
+        genes["block"] = [False, True]
+        # the contraction micro-kernel's shape (0: chosen by the code generator)
+        genes["register_rows"] = [0, 4, 6, 8, 10, 12]
+        genes["register_vectors"] = [0, 1, 2, 3, 4]
+        genes["cache_columns"] = [0, 64, 128, 256, 512]
+        genes["cache_reduction"] = [0, 64, 128, 256, 512]
+        genes["vector_width"] = [0, 16, 32, 64]
         return genes
     for k in range(min(len(extents), 2)):
         genes[f"threads{k}"] = [1, 2, 4, 8, 16, 32, 64]
@@ -95,19 +145,44 @@ def search_space(backend: str, extents: Sequence[int]) -> dict[str, list]:
 
 
 def genes_to_options(genes: dict) -> MappingOptions:
-    """Assemble MappingOptions from genes (raises TcOptionsError when they are invalid)."""
+    """Assemble MappingOptions from genes (raises TcOptionsError when they are invalid).
+
+    Example:
+        >>> o = genes_to_options({"tile0": 32, "tile1": 64, "register_rows": 6,
+        ...                       "register_vectors": 2, "vector_width": 32})
+        >>> o.tile, o.register_tile, o.vector_width
+        ((32, 64), (6, 2), 32)
+    """
     def seq(prefix: str) -> tuple[int, ...]:
         return tuple(genes[k] for k in sorted(g for g in genes if g.startswith(prefix)))
     kw = {k: v for k, v in genes.items()
-          if not k.startswith(("tile", "threads", "blocks"))}
+          if not k.startswith(("tile", "threads", "blocks")) and k not in _PAIRS_OF}
     if seq("threads"):
         kw["map_to_threads"] = seq("threads")
         kw["map_to_blocks"] = seq("blocks")
+    for field, (a, b) in _PAIRS.items():
+        if a in genes:
+            kw[field] = (genes[a], genes[b]) if genes[a] and genes[b] else ()
     return MappingOptions(tile=seq("tile"), **kw)
 
 
+# option fields holding a pair, and the two genes that make them (0 in either: ())
+_PAIRS = {"register_tile": ("register_rows", "register_vectors"),
+          "cache_tile": ("cache_columns", "cache_reduction")}
+_PAIRS_OF = {g: (f, k) for f, gs in _PAIRS.items() for k, g in enumerate(gs)}
+
+
 def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
-    """The genes of ``opts`` (values outside the space are kept: the start must be reachable)."""
+    """The genes of ``opts`` (values outside the space are kept: the start must be reachable).
+
+    Example:
+        >>> space = search_space("cpu", [64, 64])
+        >>> genes = options_to_genes(MappingOptions(tile=(16, 32), register_tile=(8, 2)), space)
+        >>> genes["tile0"], genes["tile1"], genes["register_rows"], genes["register_vectors"]
+        (16, 32, 8, 2)
+        >>> genes_to_options(genes).register_tile
+        (8, 2)
+    """
     genes = {}
     for g in space:
         for prefix, field in (("tile", "tile"), ("threads", "map_to_threads"),
@@ -119,7 +194,12 @@ def options_to_genes(opts: MappingOptions, space: dict[str, list]) -> dict:
                     genes[g] = max(space[g])
                 break
         else:
-            genes[g] = getattr(opts, g)
+            if g in _PAIRS_OF:
+                field, k = _PAIRS_OF[g]
+                pair = getattr(opts, field)
+                genes[g] = pair[k] if pair else 0
+            else:
+                genes[g] = getattr(opts, g)
     return genes
 
 
@@ -151,6 +231,18 @@ def genetic_search(target: TuningTarget, space: dict[str, list], start: MappingO
     """Tune ``start`` on ``target``; see the module docstring for the algorithm.
 
     ``seeds`` (e.g. the cache's best entries) join the first generation after ``start``.
+
+    Example:
+        >>> import numpy as np
+        >>> class Toy:                       # run time 1/tile: the largest tile is best
+        ...     def compile(self, options):
+        ...         return options
+        ...     def run(self, compiled):
+        ...         return [np.zeros(1)], 1.0 / compiled.tile[0]
+        >>> r = genetic_search(Toy(), {"tile0": [1, 2, 4, 8]}, MappingOptions(tile=(1,)),
+        ...                    [np.zeros(1)], generations=3, population=6, progress=False)
+        >>> r.options.tile
+        (8,)
     """
     for name, v, lo in (("generations", generations, 1), ("population", population, 2),
                         ("threads", threads, 1), ("repeats", repeats, 1)):
@@ -272,30 +364,24 @@ def _progress_bar(total: int, enabled: bool):
 
 # -- TC entry points ---------------------------------------------------------------------------
 def def_source(cdef: Any) -> str:
-    """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``)."""
-    from .lang.printer import expr_to_tc
+    """TC text of a checked def (for cache keys: names are templated by ``canonical_tc``).
 
-    d = cdef.ast
-    params = ", ".join(f"{p.dtype} {p.name}" if p.is_scalar else
-                       f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
-                       for p in d.params)
-    stmts = []
-    for s in d.stmts:
-        where = ", ".join(f"{w.var} in {expr_to_tc(w.lo)}:{expr_to_tc(w.hi)}" for w in s.where)
-        stmts.append(f"{s.lhs}({','.join(s.lhs_indices)}) {s.op}{'!' if s.init else ''} "
-                     f"{expr_to_tc(s.rhs)}{' where ' + where if where else ''}")
-    return f"def {d.name}({params}) -> ({', '.join(d.returns)}) {{ {'; '.join(stmts)} }}"
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> print(def_source(check_program("def f(float(N) A)->(B){B(i)=A(i)}")["f"]))
+        def f(float(N) A) -> (B) {
+          B(i) = A(i)
+        }
+    """
+    return def_to_tc(cdef.ast)
 
 
 def device_name(backend: str) -> str:
     """The device a backend runs on (part of cache keys)."""
     if backend == "opencl":
-        from .backends.opencl import device_name as cl_name
-        return cl_name()
+        return opencl_backend.device_name()
     if backend == "cuda":
-        from .backends.cuda import cuda_runtime
-        return cuda_runtime().name
-    import platform
+        return cuda_backend.cuda_runtime().name
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -307,12 +393,21 @@ def device_name(backend: str) -> str:
 
 
 class EntryTarget:
-    """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs."""
+    """:class:`TuningTarget` for a TC entry on its backend, at fixed inputs.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }")
+        >>> t = EntryTarget(mod.rs, [np.ones((4, 3), np.float32)])
+        >>> t.extents()
+        [4, 3]
+        >>> outs, seconds = t.run(t.compile(MappingOptions()))
+        >>> outs[0].tolist()
+        [3.0, 3.0, 3.0, 3.0]
+    """
 
     def __init__(self, entry: Any, arrays: list[np.ndarray]):
-        from .api import _index_inputs
-        from .lang.ranges import infer_ranges
-
         self.entry, self.arrays = entry, arrays
         cdef = entry.cdef
         params = cdef.inputs
@@ -320,8 +415,8 @@ class EntryTarget:
         self.scalars = {p.name: int(a) for p, a in zip(params, arrays)
                         if p.name in cdef.structural_scalars}
         self.values = {p.name: (int(a.min()), int(a.max())) if a.size else (0, 0)
-                       for p, a in zip(params, arrays) if p.name in _index_inputs(cdef)} or None
-        self.ranges = infer_ranges(cdef, self.shapes, self.scalars, self.values)
+                       for p, a in zip(params, arrays) if p.name in cdef.index_inputs} or None
+        self.ranges = infer(cdef, self.shapes, self.scalars, self.values)
         self.sources: dict[str, str] = {}
 
     def extents(self) -> list[int]:
@@ -334,18 +429,14 @@ class EntryTarget:
         return best or [1]
 
     def compile(self, options: MappingOptions) -> Any:
-        from .api import compile_def
-
         kernel, _ = compile_def(self.entry.cdef, self.shapes, self.scalars, self.entry.backend,
                                 options, self.values)
         self.sources[options.to_json()] = kernel.source
         return kernel
 
     def outputs(self) -> list[np.ndarray]:
-        from .lang.types import np_dtype
-        cdef = self.entry.cdef
-        return [np.zeros(self.ranges.shapes[n], np_dtype(cdef.tensors[n].dtype))
-                for n in cdef.outputs]
+        return [np.zeros(shape, dtype) for _, shape, dtype in
+                output_specs(self.entry.cdef, self.ranges)]
 
     def run(self, kernel: Any) -> tuple[list[np.ndarray], float]:
         outs = self.outputs()
@@ -359,23 +450,68 @@ class EntryTarget:
 
 
 def _as_cache(cache: Any):
-    from .cache import CompilationCache
     if cache is None or isinstance(cache, CompilationCache):
         return cache
     return CompilationCache(cache)
 
 
-def cache_key_for(entry: Any, arrays: list[np.ndarray], cache: Any):
-    """The cache key of ``entry`` on ``arrays`` (canonical TC, shapes/dtypes, backend, device)."""
-    return cache.key(def_source(entry.cdef), entry.name, [(a.shape, a.dtype) for a in arrays],
-                     entry.backend, device_name(entry.backend))
+def cache_key_for(entry: Any, inputs: Sequence[Any], cache: Any):
+    """The cache key of ``entry`` on ``inputs`` (arrays or tensors: their shapes and dtypes),
+    with the canonical TC, the backend and the device.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }")
+        >>> key = cache_key_for(mod.neg, [np.ones(8, np.float32)], tc.CompilationCache("c.json"))
+        >>> key.backend, key.inputs
+        ('cpu', (((8,), 'float32'),))
+    """
+    specs = _input_specs(entry, inputs)
+    if specs is None:
+        raise TcError(f"{entry.name}: the cache is keyed by fully known input shapes")
+    return cache.key(def_source(entry.cdef), entry.name, specs, entry.backend,
+                     device_name(entry.backend))
+
+
+def _input_specs(entry: Any, inputs: Sequence[Any]) -> list[tuple] | None:
+    """(shape, dtype) per input without reading values (symbolic tensors included); None when
+    a shape is not fully known."""
+    specs = []
+    for p, x in zip(entry.cdef.inputs, inputs):
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            specs.append(((), np_dtype(p.dtype)))
+            continue
+        if hasattr(shape, "is_fully_defined"):
+            if not shape.is_fully_defined():
+                return None
+            shape = tuple(int(d) for d in shape)
+        dtype = getattr(x, "dtype", np_dtype(p.dtype))
+        specs.append((tuple(shape), np.dtype(getattr(dtype, "as_numpy_dtype", dtype))))
+    return specs
 
 
 def cached_options(entry: Any, *inputs: Any, cache: Any) -> MappingOptions | None:
-    """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss."""
+    """The best cached options for ``entry`` on inputs like ``inputs``, or None on a miss.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }")
+        >>> x = np.ones(8, np.float32)
+        >>> cached_options(mod.neg, x, cache="empty.json") is None      # a miss
+        True
+        >>> cache = tc.CompilationCache("opts.json")
+        >>> key = cache_key_for(mod.neg, [x], cache)
+        >>> cache.record(key, MappingOptions(unroll=4).to_dict(), 1e-6)
+        >>> cached_options(mod.neg, x, cache=cache).unroll
+        4
+    """
     cache = _as_cache(cache)
-    arrays = entry._convert(inputs)
-    best = cache.best(cache_key_for(entry, arrays, cache))
+    if _input_specs(entry, inputs) is None:
+        return None
+    best = cache.best(cache_key_for(entry, inputs, cache))
     if best is None:
         return None
     try:
@@ -391,13 +527,28 @@ def autotune(entry: Any, *inputs: Any, generations: int = 4, population: int = 8
              progress: bool = True) -> TuneResult:
     """Tune the mapping of ``entry`` (a ``tc.define`` entry point) on ``inputs``.
 
-    Cuda/OpenCL tune the GPU mapping; cpu tunes tile sizes, the parallel loop, unrolling and
-    vectorisation.  Candidates are checked against the naive kernel's outputs.  ``cache`` (a path
+    Cuda/OpenCL tune the GPU mapping; cpu tunes tile sizes, the parallel loop, unrolling,
+    vectorisation and the contraction micro-kernel's register tile, cache blocks and vector
+    width.  Candidates are checked against the naive kernel's outputs.  ``cache`` (a path
     or :class:`~.cache.CompilationCache`) receives every valid candidate (best k kept per key),
     and its best entries for this key join the first generation.  Returns a :class:`TuneResult`
     whose ``options`` are never slower (as measured) than ``start`` (default: the entry's).
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> mod = tc.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+        >>> x = np.ones(64, np.float32)
+        >>> best = tc.autotune(mod.add, x, x, generations=1, population=2, progress=False,
+        ...                    cache="tuned.json")
+        >>> best.runtime <= best.start_runtime
+        True
+        >>> tuned = tc.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }",
+        ...                   cache="tuned.json")          # calls use the cached best
+        >>> tuned.add(x, x).numpy()[:3]
+        array([2., 2., 2.], dtype=float32)
     """
-    arrays = entry._convert(inputs)
+    arrays = host_arrays(entry.cdef, inputs)
     target = EntryTarget(entry, arrays)
     reference = list(entry.run_numpy(*arrays, options=MappingOptions.naive()))
     space = search_space(entry.backend, target.extents())

@@ -239,7 +239,18 @@ class CacheEntry:
 
 
 class CompilationCache:
-    """A JSON file of best-``k`` kernel versions per :class:`CacheKey`."""
+    """A JSON file of best-``k`` kernel versions per :class:`CacheKey`.
+
+    Example:
+        >>> import numpy as np
+        >>> cache = CompilationCache("tc_cache.json", k=2)
+        >>> key = cache.key("def neg(float(N) A) -> (B) { B(i) = -A(i) }", "neg",
+        ...                 [((8,), np.float32)], backend="cpu")
+        >>> cache.record(key, {"unroll": 4}, runtime=2e-6)
+        >>> cache.record(key, {"unroll": 2}, runtime=1e-6)
+        >>> cache.best(key).options, len(cache.lookup(key))
+        ({'unroll': 2}, 2)
+    """
 
     def __init__(self, path: str | os.PathLike, k: int = 3):
         if k < 1:

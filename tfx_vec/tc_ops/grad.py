@@ -25,26 +25,31 @@ Example:
     >>> src = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
     >>> print(backward_tc(src, "tmm").source)  # doctest: +NORMALIZE_WHITESPACE
     def tmm_grad(float(M,K) A, float(N,K) B, float(D_C_0,D_C_1) d_C) -> (d_A, d_B) {
-        d_A(m,kk) +=! d_C(m,n) * B(n,kk)
-        d_B(n,kk) +=! d_C(m,n) * A(m,kk)
+        d_A(i0,i1) = float(0) where i0 in 0:M, i1 in 0:K
+        d_A(m,kk) += d_C(m,n) * B(n,kk)
+        d_B(i0,i1) = float(0) where i0 in 0:N, i1 in 0:K
+        d_B(n,kk) += d_C(m,n) * A(m,kk)
     }
+
+Shape-generic as above, an input's gradient starts as zeros over the whole input; derived at
+concrete shapes (``ranges=``, what the TC ops do at each run's shapes) every statement runs over
+exactly its forward statement's ranges and a gradient that covers the input is reduced with
+``+=!`` directly.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+import re
+from typing import Any, Callable, Sequence
 
-from .errors import TcError
+from .errors import TcGradientError
 from .lang import ast as A
-from .lang.parser import parse
+from .lang.parser import parse, parse_expr
 from .lang.printer import expr_to_tc
+from .lang.sema import BUILTINS, check
 from .lang.types import canonical, is_float
 
 __all__ = ["backward_tc", "BackwardTc", "TcGradientError"]
-
-
-class TcGradientError(TcError):
-    """The TC cannot be differentiated automatically (give a backward TC)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,11 @@ class BackwardTc:
 
     ``source`` defines ``entry``; its parameters are the forward inputs followed by one gradient
     per forward output (``d_<name>``), and it returns ``d_<input>`` for each name of ``wrt``.
+
+    Example:
+        >>> b = backward_tc("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs")
+        >>> b.entry, b.wrt, b.outputs
+        ('rs_grad', ('A',), ('S',))
     """
 
     source: str
@@ -68,13 +78,17 @@ def _text(e: A.Expr, rename: Callable[[str], str]) -> str:
     return expr_to_tc(e, rename=rename, full=True)
 
 
-# Symbolic text algebra; None is the zero.
+# Symbolic text algebra; None is the zero, ONE the unit (a float literal, so a quotient with it
+# is never an integer division).
+ONE = "1.0f"
+
+
 def _mul(a: str | None, b: str | None) -> str | None:
     if a is None or b is None:
         return None
-    if a == "1":
+    if a == ONE:
         return b
-    if b == "1":
+    if b == ONE:
         return a
     return f"{a} * {b}" if _atomic(a) and _atomic(b) else f"({a}) * ({b})"
 
@@ -139,7 +153,7 @@ class _Differ:
     def __call__(self, e: A.Expr, target: A.Call) -> str | None:
         t = lambda x: _text(x, self.rename)  # noqa: E731
         if e is target:
-            return "1"
+            return ONE
         if isinstance(e, (A.IntLit, A.FloatLit, A.Ident, A.DimRef)):
             return None
         if isinstance(e, A.Unary):
@@ -195,18 +209,37 @@ class _Version:
     n_contrib: int = 0
 
 
-def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> BackwardTc:
+def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None,
+                ranges: Any = None) -> BackwardTc:
     """Derive the backward TC of ``entry`` in ``source``.
 
     Args:
       wrt: the inputs to differentiate (default: every floating-point tensor input).
+      ranges: the forward's :class:`~.lang.ranges.Ranges` at the shapes the gradient is for.
+        With them every derived statement runs over exactly the index ranges its forward
+        statement ran over (``where`` clauses with those bounds) and outputs whose range does
+        not start at 0 have their gradient read shifted; without them (a shape-generic backward
+        TC) the ranges are left to range inference.
     Raises:
       TcGradientError: with line/column when a statement cannot be differentiated.
+
+    Example:
+        >>> print(backward_tc("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs").source)
+        def rs_grad(float(N,K) A, float(D_S_0) d_S) -> (d_A) {
+            d_A(i0,i1) = float(0) where i0 in 0:N, i1 in 0:K
+            d_A(n,k) += d_S(n) where k in 0:K
+        }
+        >>> backward_tc("def p(float(N,K) A) -> (P) { P(n) *=! A(n,k) }", "p")
+        Traceback (most recent call last):
+        ...
+        tfx_vec.tc_ops.errors.TcGradientError: line 1, column 30: automatic gradients of *= reductions are ...
+        ...
     """
     prog = parse(source)
     d = prog.get(entry)
     if d is None:
         raise TcGradientError(f"no def named {entry!r} (defs: {[x.name for x in prog.defs]})")
+    checked = check(d, source)
     params = {p.name: p for p in d.params}
     float_inputs = [p.name for p in d.params if not p.is_scalar and is_float(canonical(p.dtype))]
     wrt = tuple(float_inputs if wrt is None else wrt)
@@ -219,6 +252,7 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
     written = {s.lhs for s in d.stmts}
     tensors = set(params) | written
     dtype = "double" if any(canonical(params[n].dtype) == "double" for n in wrt) else "float"
+    box = _Box(ranges, d)
 
     # 1. forward recomputation in SSA form
     current: dict[str, str] = {n: n for n in params}
@@ -230,49 +264,75 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
         count[s.lhs] = count.get(s.lhs, 0) + 1
         versions.append(_Version(s.lhs, f"{s.lhs}_v{count[s.lhs]}", len(s.lhs_indices)))
         if s.op != "=" and not s.init and (s.lhs not in current or s.lhs in params):
-            raise TcGradientError(f"{s.lhs} is updated with {s.op} before being written",
-                                  s.span, source)
+            raise TcGradientError(f"{s.lhs} is reduced with {s.op} into its initial contents, "
+                                  "which this TC does not take as an input: call it through "
+                                  "tc.define (its entries pass the initial outputs), or use "
+                                  f"{s.op}!", s.span, source)
         current[s.lhs] = versions[-1].name
     writer = {v.name: (s, rd) for s, v, rd in zip(d.stmts, versions, reads)}
     size_of = _sizer(params, writer, versions,
                      lambda e, rd: _text(e, lambda n: rd.get(n, n)))
     lines: list[str] = []
-    for s, v, rd in zip(d.stmts, versions, reads):
+    for k, (s, v, rd) in enumerate(zip(d.stmts, versions, reads)):
         rn = rd.get
         lhs = f"{v.name}({','.join(s.lhs_indices)})"
         rhs = _text(s.rhs, lambda n: rn(n, n))
         # every version is a tensor of its own: bound the left indices its statement leaves
         # unbounded (e.g. "b" in fcrelu's "O(b,n) = bias(n)") by the tensor's size
-        where = _where(s, rn)
-        extra = _range_for(list(s.lhs_indices), rhs, s, v.name, size_of)
-        if extra:
-            where = (where + ", " + extra) if where else " where " + extra
+        where = _join_where(_where(s, rn), box.stmt(k, s, s.lhs_indices + checked.stmts[k].red_vars)
+                            if box else _range_for(list(s.lhs_indices), rhs, s, v.name,
+                                                   size_of))
         if s.op == "=" or s.init:
             lines.append(f"{lhs} {s.op}{'!' if s.init else ''} {rhs}{where}")
-        else:
-            lines.append(f"{lhs} = {rd[s.lhs]}({','.join(s.lhs_indices)}){where}")
+        else:   # the previous version, over this statement's left indices, then the update
+            copy = _join_where(_where(s, rn, ranges_only=s.lhs_indices),
+                               box.stmt(k, s, s.lhs_indices) if box else "")
+            lines.append(f"{lhs} = {rd[s.lhs]}({','.join(s.lhs_indices)}){copy}")
             lines.append(f"{lhs} {s.op} {rhs}{where}")
 
     # 2. adjoints, statements in reverse order
     grads: dict[str, _Version] = {v.name: v for v in versions}
     input_grads = {n: _Version(n, n, len(params[n].dims or ())) for n in wrt}
     back: list[str] = []
+
+    def zeros(n: str) -> str:
+        """``d_n = 0`` over the whole input (its gradient starts there unless the first
+        contribution covers every element)."""
+        g = input_grads[n]
+        g.grad, g.n_contrib = f"d_{n}", 1
+        idx = [f"i{k}" for k in range(g.rank)]
+        full = ", ".join(f"{i} in 0:{dim}" for i, dim in zip(idx, params[n].dims))
+        return f"d_{n}({','.join(idx)}) = {canonical(params[n].dtype)}(0)" + (
+            f" where {full}" if full else "")
+
     read_later = {name for rd in reads for name in rd.values()}
+    shifted = {f"d_{out}": o for out, o in box.origins.items() if out in d.returns}
+
+    def read(grad: str, idx: Sequence[str]) -> str:
+        """``grad(idx)``; an output's gradient (indexed from 0) read at its range's indices."""
+        o = shifted.get(grad, (0,) * len(idx))
+        return f"{grad}({','.join(f'{i} - {k}' if k else i for i, k in zip(idx, o))})"
+
     for out in d.returns:
         v = grads[current[out]]
         if v.name in read_later:  # later statements add to it: copy the incoming gradient
-            idx = ",".join(f"i{k}" for k in range(v.rank))
+            idx = [f"i{k}" for k in range(v.rank)]
             v.grad, v.n_contrib = f"d_{v.name}", 1
-            back.append(f"{v.grad}({idx}) = d_{out}({idx})")
+            o = shifted.get(f"d_{out}", ())
+            where = ", ".join(f"{i} in {k}:{k} + D_{out}_{n}" for n, (i, k) in
+                              enumerate(zip(idx, o)) if k)
+            back.append(f"{v.grad}({','.join(idx)}) = {read(f'd_{out}', idx)}"
+                        + (f" where {where}" if where else ""))
         else:
             v.grad = f"d_{out}"
-    for s, v, rd in reversed(list(zip(d.stmts, versions, reads))):
+    for k in reversed(range(len(d.stmts))):
+        s, v, rd = d.stmts[k], versions[k], reads[k]
         if v.grad is None:
             continue  # nothing downstream depends on this value
         rn = rd.get
         rename = lambda n: rn(n, n)  # noqa: E731
         lhs_idx = ",".join(s.lhs_indices)
-        seed = f"{v.grad}({lhs_idx})"
+        seed = read(v.grad, s.lhs_indices)
         if s.op in ("min=", "max="):
             seed = f"{seed} * {_select(f'{_text(s.rhs, rename)} == {v.name}({lhs_idx})')}"
         elif s.op == "*=":
@@ -280,6 +340,7 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
                                   "(give a backward TC)", s.span, source)
         differ = _Differ(tensors, rename, source)
         where = _where(s, rn)
+        all_vars = s.lhs_indices + checked.stmts[k].red_vars
         for acc in (e for e in A.walk(s.rhs) if isinstance(e, A.Call) and e.name in tensors):
             src_version = rn(acc.name, acc.name)
             target = input_grads.get(acc.name) if acc.name in params else grads.get(src_version)
@@ -290,29 +351,31 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
                 continue
             subs, onehot, fresh = _subscripts(acc, rename, size_of, src_version)
             contrib = _mul(_mul(seed, partial), onehot) if onehot else _mul(seed, partial)
-            extra = _range_for([x for x in subs if not x.startswith("_g")], contrib, s,
-                               src_version, size_of)
-            extra = ", ".join(x for x in (extra, fresh) if x)
-            back.append(_accumulate(target, subs, contrib, where, extra))
+            extra = box.stmt(k, s, all_vars) if box else _range_for(
+                [x for x in subs if not x.startswith("_g")], contrib, s, src_version, size_of)
+            if acc.name in params and target.n_contrib == 0 and not box.covers(k, subs,
+                                                                                acc.name):
+                back.append(zeros(acc.name))
+            back.append(_accumulate(target, subs, contrib,
+                                    _join_where(_join_where(where, extra), fresh)))
         if s.op != "=" and not s.init:  # T_k = T_{k-1} (op) reduction: pass through
             prev = grads[rd[s.lhs]]
-            passed = f"{v.grad}({lhs_idx})"
+            passed = read(v.grad, s.lhs_indices)
             if s.op in ("min=", "max="):
                 passed += f" * {_select(f'{rd[s.lhs]}({lhs_idx}) == {v.name}({lhs_idx})')}"
-            back.append(_accumulate(prev, list(s.lhs_indices), passed, where, ""))
+            back.append(_accumulate(prev, list(s.lhs_indices), passed,
+                                    _join_where(where, box.stmt(k, s, s.lhs_indices)
+                                                if box else "")))
 
-    for n in wrt:  # an input nothing depends on differentiably: its gradient is zero
-        g = input_grads[n]
-        if g.grad is None:
-            idx = [f"i{k}" for k in range(g.rank)]
-            ranges = ", ".join(f"{i} in 0:{dim}" for i, dim in zip(idx, params[n].dims))
-            back.append(f"d_{n}({','.join(idx)}) = 0{' where ' + ranges if ranges else ''}")
-
+    # an input nothing depends on differentiably: its gradient is zero
+    back += [zeros(n) for n in wrt if input_grads[n].n_contrib == 0]
     out_params = []
     for out in d.returns:
         rank = grads[current[out]].rank
+        t = checked.tensors[out].dtype
+        t = t if is_float(t) else dtype     # a non-float output's gradient is never read
         dims = ",".join(f"D_{out}_{k}" for k in range(rank))
-        out_params.append(f"{dtype}({dims}) d_{out}" if rank else f"{dtype} d_{out}")
+        out_params.append(f"{t}({dims}) d_{out}" if rank else f"{t} d_{out}")
     sig_in = [_param_text(p) for p in d.params] + out_params
     body = lines + back
     # Forward statements no adjoint reads are dropped by the scheduler anyway, but they would
@@ -324,18 +387,58 @@ def backward_tc(source: str, entry: str, wrt: Sequence[str] | None = None) -> Ba
     return BackwardTc(text, name, wrt, tuple(d.returns))
 
 
+class _Box:
+    """The forward's concrete index ranges (``Ranges``) as ``where`` text, or nothing."""
+
+    def __init__(self, ranges: Any, d: A.Def):
+        self.ranges = ranges
+        self.origins = dict(ranges.origins) if ranges is not None else {}
+
+    def __bool__(self) -> bool:
+        return self.ranges is not None
+
+    def covers(self, k: int, subs: Sequence[str], tensor: str) -> bool:
+        """Does an adjoint written at ``subs`` by statement ``k`` cover all of input ``tensor``
+        (distinct indices, each over its whole dimension; fresh ``_g`` ones always are)?
+        Shape-generic (no ranges): unknown, so the adjoint starts as zeros over the input."""
+        if self.ranges is None:
+            return all(x.startswith("_g") for x in subs)
+        if len(set(subs)) != len(subs):
+            return False
+        r, shape = self.ranges.stmt_ranges[k], self.ranges.shapes[tensor]
+        return all(x.startswith("_g") or r.get(x) == (0, n) for x, n in zip(subs, shape))
+
+    def stmt(self, k: int, s: A.Stmt, names: Sequence[str]) -> str:
+        """``v in lo:hi`` for the variables ``names`` of statement ``k`` (those the statement's
+        own ``where`` does not already fix)."""
+        fixed = {w.var for w in s.where}
+        r = self.ranges.stmt_ranges[k]
+        return ", ".join(f"{v} in {r[v][0]}:{r[v][1]}" for v in dict.fromkeys(names)
+                         if v not in fixed)
+
+
+def _join_where(where: str, extra: str) -> str:
+    """`` where a, b`` with ``extra`` (comma-separated ranges, possibly empty) appended."""
+    if not extra:
+        return where
+    return (where + ", " + extra) if where else " where " + extra
+
+
 def _param_text(p: A.Param) -> str:
     if p.is_scalar:
         return f"{p.dtype} {p.name}"
     return f"{p.dtype}({','.join(str(x) for x in p.dims)}) {p.name}"
 
 
-def _where(s: A.Stmt, rn: Callable) -> str:
-    if not s.where:
-        return ""
+def _where(s: A.Stmt, rn: Callable, ranges_only: Sequence[str] | None = None) -> str:
+    """The statement's ``where`` clause (ranges and ``exists``), tensors renamed; with
+    ``ranges_only``, just the ranges of those indices."""
     rename = lambda n: rn(n, n)  # noqa: E731
-    return " where " + ", ".join(f"{w.var} in {_text(w.lo, rename)}:{_text(w.hi, rename)}"
-                                 for w in s.where)
+    parts = [f"{w.var} in {_text(w.lo, rename)}:{_text(w.hi, rename)}" for w in s.where
+             if ranges_only is None or w.var in ranges_only]
+    if ranges_only is None:
+        parts += [f"exists {_text(e, rename)}" for e in s.exists]
+    return " where " + ", ".join(parts) if parts else ""
 
 
 def _subscripts(acc: A.Call, rename: Callable[[str], str], size_of, tensor: str
@@ -360,12 +463,13 @@ def _subscripts(acc: A.Call, rename: Callable[[str], str], size_of, tensor: str
 
 
 def _range_for(subs: list[str], text: str, s: A.Stmt, tensor: str, size_of) -> str:
-    """``where`` ranges for the indices ``subs`` of ``tensor`` that no access in ``text`` bounds."""
-    import re
-
+    """``where`` ranges for the indices ``subs`` of ``tensor`` that no access in ``text`` (or in
+    the statement's ``where exists``) bounds."""
     used = {w.var for w in s.where}
-    for m in re.finditer(r"[A-Za-z_][A-Za-z_0-9]*\(([^()]*)\)", text):
-        used |= set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", m.group(1)))
+    for e in (parse_expr(text), *s.exists):
+        for x in A.walk(e):
+            if isinstance(x, A.Call) and x.name not in BUILTINS and canonical(x.name) is None:
+                used |= {y.name for a in x.args for y in A.walk(a) if isinstance(y, A.Ident)}
     return ", ".join(f"{i} in 0:{size_of(tensor, k)}"
                      for k, i in enumerate(subs) if i not in used)
 
@@ -407,20 +511,16 @@ def _sizer(params: dict, writer: dict, versions: list, rename_text: Callable
     return lambda name, k: size_of(name, k) or f"{name}.{k}"
 
 
-def _accumulate(target: _Version, subs: list[str], contrib: str, where: str, extra: str) -> str:
+def _accumulate(target: _Version, subs: list[str], contrib: str, where: str) -> str:
     if target.grad is None:
         target.grad = f"d_{target.name}"
     op = "+=!" if target.n_contrib == 0 else "+="
     target.n_contrib += 1
-    if extra:
-        where = (where + ", " + extra) if where else " where " + extra
     return f"{target.grad}({','.join(subs)}) {op} {contrib}{where}"
 
 
 def _live(lines: list[str]) -> list[str]:
     """Drop forward statements whose tensor no later statement reads (backward ones stay)."""
-    import re
-
     keep = [True] * len(lines)
     needed: set[str] = set()
     for k in range(len(lines) - 1, -1, -1):

@@ -13,6 +13,8 @@ Example:
     [3.0, 3.0, 3.0, 3.0]
 """
 
+__all__ = ["TMM", "TBMM", "FCRELU", "MLP3", "LUT1", "LUT2", "GROUP_CONVOLUTION", "PAPER"]
+
 TMM = """def tmm(float(M,K) A, float(N,K) B) -> (C) {
     C(m,n) +=! A(m,kk) * B(n,kk)
 }"""

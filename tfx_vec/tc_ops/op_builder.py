@@ -210,14 +210,26 @@ def derivative_wrt(cdef: CheckedDef, derivative: str) -> tuple[str, ...]:
     return tuple(wrt)
 
 
-@functools.lru_cache(maxsize=256)
-def backward_def(tc: str, entry: str, wrt: tuple[str, ...]) -> CheckedDef:
+_backward_defs: dict = {}
+
+
+def backward_def(tc: str, entry: str, wrt: tuple[str, ...], ranges=None) -> CheckedDef:
     """The backward TC of def ``entry`` of ``tc`` with respect to ``wrt``, checked: its
     inputs are the forward's, then one gradient per forward output; it returns one gradient
-    per name of ``wrt``."""
-    checked_def(tc, entry)
-    b = backward_tc(tc, entry, wrt)
-    return checked_def(b.source, b.entry)
+    per name of ``wrt``.  With the forward's ``ranges`` at some shapes, every backward
+    statement runs over exactly its forward statement's ranges (``grad.backward_tc``)."""
+    key = (tc, entry, wrt, None if ranges is None else ranges.key())
+    with _lock:
+        hit = _backward_defs.get(key)
+    if hit is None:
+        checked_def(tc, entry)
+        b = backward_tc(tc, entry, wrt, ranges)
+        hit = checked_def(b.source, b.entry)
+        with _lock:
+            if len(_backward_defs) > 1024:
+                _backward_defs.clear()
+            _backward_defs[key] = hit
+    return hit
 
 
 def index_inputs(cdef: CheckedDef) -> tuple[str, ...]:
@@ -322,8 +334,8 @@ def build(req: OpRequest) -> CpuOpKernel | CudaLaunchSpec:
             req, input_dtypes=req.input_dtypes[:len(cdef.inputs)],
             input_shapes=req.input_shapes[:len(cdef.inputs)],
             output_dtypes=tuple(cdef.tensors[n].dtype for n in cdef.outputs)), cdef)
-        kernel_spec(cdef, fwd_shapes, scalars, MappingOptions.default_for(cdef.ast))
-        cdef = backward_def(req.tc, req.entry, derivative_wrt(cdef, req.derivative))
+        fwd = kernel_spec(cdef, fwd_shapes, scalars, MappingOptions.default_for(cdef.ast))
+        cdef = backward_def(req.tc, req.entry, derivative_wrt(cdef, req.derivative), fwd.ranges)
     spec = kernel_spec(cdef, _shapes(req, cdef), scalars, _options(req, cdef))
     try:
         out = _build_cpu(spec) if req.op == "TcKernel" else _build_cuda(spec, req.cuda_arch)

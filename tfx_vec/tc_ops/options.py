@@ -4,8 +4,9 @@ The GPU knobs are the paper's (§6.2: tile sizes, block and thread mapping, shar
 promotion, unrolling, the fusion strategy of the isl scheduler); the CPU backend honours
 ``tile``, ``fusion_strategy``, ``unroll``, ``parallel`` (run the first coincident loop of the
 outermost band with OpenMP threads), ``vectorize`` (``#pragma omp simd`` on innermost parallel
-loops, vector accumulators and unroll-and-jam for reductions) and ``block`` (register-blocked
-contraction kernels over packed operand tiles).
+loops, vector accumulators and unroll-and-jam for reductions) and ``block`` (contractions as
+register-blocked micro-kernels), whose shape ``register_tile``, ``cache_tile`` and
+``vector_width`` set (chosen per TC and machine when left empty).
 
 Options are frozen and validated on construction; ``to_json``/``from_json`` round-trip exactly,
 so an options value can key a cache or be stored by the autotuner.
@@ -58,7 +59,9 @@ class MappingOptions:
         map_to_threads: GPU block sizes (x, y, z), at most 3.
         map_to_blocks: GPU grid sizes (x, y, z), at most 3.
         use_shared_memory: promote array tiles to GPU shared memory.
-        use_private_memory: promote to GPU registers/private memory.
+        use_private_memory: GPU: keep a thread's reduction in a register, and a thread's
+            points of a contraction as a register tile (each row and column value read once
+            per reduction step).
         unroll: unroll innermost loops by up to this factor (1 = no unrolling).
         unroll_copy_shared: also unroll the shared-memory copy loops.
         fusion_strategy: isl scheduler fusion: "max", "preserve3coincident" or "min".
@@ -68,9 +71,23 @@ class MappingOptions:
         vectorize: CPU: ``#pragma omp simd`` on innermost coincident loops, vector
             accumulators and unroll-and-jam for innermost reductions, short reductions moved
             outside a unit-stride vector loop.
-        block: CPU, with ``vectorize``: two parallel loops around an innermost ``+=``
-            reduction (tiled tmm/matmul point loops) become a register-blocked outer-product
-            kernel over a packed copy of the reused operand tile (``CPrinter.emit_blocked``).
+        block: CPU, with ``vectorize``: a contraction (two parallel loops around an innermost
+            ``+=`` reduction whose factors split between them: tmm, fcrelu, MLP3, tbmm, conv)
+            becomes a register-blocked micro-kernel (``codegen/contraction.py``), its band left
+            untiled by the schedule (the micro-kernel blocks it for registers and caches).
+        register_tile: CPU micro-kernel: (rows, column vectors) of sums kept in registers;
+            ``()`` chooses from the vector width (e.g. 8 x 2 with 16-float vectors).
+        cache_tile: CPU micro-kernel: (column block, reduction block) of the packed column
+            operand (it stays in cache while every row block uses it); ``()``: (256, 256).
+        vector_width: CPU micro-kernel vector bytes: 16, 32 or 64; 0 = the widest this
+            machine has.
+
+    Example:
+        >>> o = MappingOptions(tile=(32, 32), register_tile=(6, 2), vector_width=32)
+        >>> o.replace(unroll=4).unroll, MappingOptions.from_json(o.to_json()) == o
+        (4, True)
+        >>> MappingOptions.naive().vectorize
+        False
     """
 
     tile: tuple[int, ...] = ()
@@ -85,6 +102,9 @@ class MappingOptions:
     parallel: int = 1
     vectorize: bool = True
     block: bool = True
+    register_tile: tuple[int, ...] = ()
+    cache_tile: tuple[int, ...] = ()
+    vector_width: int = 0
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -93,6 +113,17 @@ class MappingOptions:
                                           allow_empty=False, max_len=3))
         set_("map_to_blocks", _int_tuple("map_to_blocks", self.map_to_blocks,
                                          allow_empty=False, max_len=3))
+        for name, n_ in (("register_tile", 2), ("cache_tile", 2)):
+            t = _int_tuple(name, getattr(self, name), allow_empty=True, max_len=n_)
+            if t and len(t) != n_:
+                raise TcOptionsError(f"MappingOptions.{name}: expected () or {n_} sizes, got {t}")
+            set_(name, t)
+        if self.register_tile and (self.register_tile[0] > 32 or self.register_tile[1] > 8):
+            raise TcOptionsError(f"MappingOptions.register_tile: at most 32 rows and 8 vectors, "
+                                 f"got {self.register_tile}")
+        if self.vector_width not in (0, 16, 32, 64):
+            raise TcOptionsError(f"MappingOptions.vector_width: expected 0, 16, 32 or 64 bytes, "
+                                 f"got {self.vector_width!r}")
         for name in ("use_shared_memory", "use_private_memory", "unroll_copy_shared",
                      "fix_parameters_before_scheduling", "vectorize", "block"):
             if not isinstance(getattr(self, name), bool):
@@ -140,12 +171,29 @@ class MappingOptions:
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        """The fields as JSON data (tuples as lists).
+
+        Example:
+            >>> MappingOptions(tile=(8, 4)).to_dict()["tile"]
+            [8, 4]
+        """
+        return {f.name: list(v) if isinstance(v, tuple) else v
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     def to_json(self) -> str:
-        """A canonical JSON string (sorted keys): equal options give equal strings."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """A canonical JSON string (sorted keys): equal options give equal strings.
+
+        Computed once per options object (the TF op passes it on every call).
+
+        Example:
+            >>> MappingOptions(tile=(8,)).to_json() == MappingOptions(tile=(8,)).to_json()
+            True
+        """
+        text = self.__dict__.get("_json")
+        if text is None:
+            text = json.dumps(self.to_dict(), sort_keys=True)
+            object.__setattr__(self, "_json", text)     # frozen: a cache, not a field
+        return text
 
     @classmethod
     def from_dict(cls, d: dict) -> "MappingOptions":

@@ -296,8 +296,9 @@ def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
     shape is known the kernel is built now, so a bad call is a TcError here, not at run time."""
 
     cdef = op_builder.checked_def(tc, entry)
-    if derivative:   # the backward TC's signature (the kernel is derived per shape)
-        cdef = op_builder.backward_def(tc, entry, op_builder.derivative_wrt(cdef, derivative))
+    if derivative:   # the gradients of the inputs named: their shapes and types
+        return _derivative_signature(op, tc, entry, options, scalars, dtypes, shapes,
+                                     cuda_arch, derivative)
     params = cdef.inputs
     if len(dtypes) != len(params):
         raise TcShapeError(f"{entry} takes {len(params)} input(s) "
@@ -314,6 +315,32 @@ def _signature(op: str, tc: str, entry: str, options: str, scalars: str,
                                    tuple(tuple(s) for s in shapes), cuda_arch, derivative))
     return (tuple(s for s, _ in specs),
             tuple(tf.as_dtype(np_dtype(t)) for _, t in specs))
+
+
+def _derivative_signature(op: str, tc: str, entry: str, options: str, scalars: str,
+                          dtypes: tuple[str, ...], shapes: tuple, cuda_arch: str,
+                          derivative: str) -> tuple:
+    """(output shapes, output dtypes) of a derivative op: one gradient per input named, shaped
+    like it.  The backward TC itself is derived at each run's shapes (its statements run over
+    the forward's ranges there), and built now when every shape is known."""
+    cdef = op_builder.checked_def(tc, entry)
+    wrt = op_builder.derivative_wrt(cdef, derivative)
+    n_in = len(cdef.inputs)
+    if len(dtypes) != n_in + len(cdef.outputs):
+        raise TcShapeError(f"{entry}'s gradient takes its {n_in} input(s) and one gradient per "
+                           f"output ({len(cdef.outputs)}), got {len(dtypes)}")
+    pos = {p.name: k for k, p in enumerate(cdef.inputs)}
+    for p, dt in zip(cdef.inputs, dtypes):
+        if canonical(dt) != p.dtype:
+            raise TcShapeError(f"{entry}: input {p.name} is declared {p.dtype} but got {dt}")
+    if all(s is not None and None not in s for s in shapes):
+        bwd = op_builder.backward_def(tc, entry, wrt)
+        op_builder.build(OpRequest(op, tc, entry, options, scalars,
+                                   tuple(canonical(d) or d for d in dtypes),
+                                   tuple(bwd.tensors[n].dtype for n in bwd.outputs),
+                                   tuple(tuple(s) for s in shapes), cuda_arch, derivative))
+    return (tuple(shapes[pos[n]] for n in wrt),
+            tuple(tf.as_dtype(np_dtype(cdef.inputs[pos[n]].dtype)) for n in wrt))
 
 
 # -- TC entry points as TF ops with gradients -------------------------------------------------
@@ -373,6 +400,19 @@ class TcFunction:
             self._backward = TcFunction(spec[0], spec[1], backward=None, options=self.options,
                                         backend=self.backend, cuda_arch=self.cuda_arch)
         return self._backward
+
+    def backward_at(self, *inputs) -> "TcFunction":
+        """The backward TC the op runs for inputs like these (derived at their shapes: every
+        statement over its forward statement's ranges), as a TcFunction."""
+        inputs = [tf.convert_to_tensor(x) for x in inputs]
+        shapes = {p.name: tuple(x.shape.as_list()) for p, x in zip(self.cdef.inputs, inputs)
+                  if not p.is_scalar}
+        options = self.options or MappingOptions.default_for(self.cdef.ast)
+        fwd = op_builder.kernel_spec(self.cdef, shapes, _static_scalars(self.cdef, inputs),
+                                     options)
+        bwd = op_builder.backward_def(self.source, self.entry, self.wrt, fwd.ranges)
+        return TcFunction(bwd.source, bwd.name, backward=None, options=self.options,
+                          backend=self.backend, cuda_arch=self.cuda_arch)
 
     def _built(self, inputs: Sequence, op: str):
         """The builder's answer for an ``op`` on inputs like these (made here, now)."""
@@ -481,6 +521,16 @@ def tc_function(source: str, entry: str, *, backward="auto", options=None,
 
     ``wrt`` limits the gradient to some inputs (the others get None), e.g. a convolution's
     weights when its input's subscripts (``I(h + kh)``) are not differentiable automatically.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> f = tc_function("def rs(float(N,K) A) -> (S) { S(n) +=! A(n,k) }", "rs")
+        >>> a = tf.ones([2, 3])
+        >>> with tf.GradientTape() as tape:
+        ...     tape.watch(a)
+        ...     loss = tf.reduce_sum(f(a))
+        >>> tape.gradient(loss, a).numpy()[0]
+        array([1., 1., 1.], dtype=float32)
     """
     return TcFunction(source, entry, backward=backward, options=options, wrt=wrt,
                       backend=backend)

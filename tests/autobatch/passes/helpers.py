@@ -1,6 +1,7 @@
 """Shared helpers for the pass tests."""
 from tfx_vec.autobatch import ir
 from tfx_vec.autobatch.frontend import compile_program
+from tfx_vec.autobatch.passes import function_pipeline
 
 
 def ops_of(program, kind):
@@ -17,4 +18,5 @@ def check_pure(stage, program):
 
 
 def function_ir(fn):
-    return compile_program(fn)
+    """The Function IR every runtime runs (front end, jump threading, tail calls)."""
+    return function_pipeline(compile_program(fn))

@@ -43,13 +43,13 @@ def returns_an_expression(n):
 def test_collatz_returns_its_step_counter():
     out = _forwarded(collatz)
     assert out.result == "collatz.steps"
-    assert not any("collatz._ab_ret" in ir.writes(op) for b in out.blocks for op in b.ops)
+    assert not any("collatz.retval_" in ir.writes(op) for b in out.blocks for op in b.ops)
 
 
 def test_every_return_copying_the_same_variable_is_dropped():
     out = _forwarded(two_exits)
     assert out.result == "two_exits.total"
-    assert "two_exits._ab_ret" not in out.variables()
+    assert "two_exits.retval_" not in out.variables()
 
 
 def test_main_calling_others_still_forwards_its_own_result():
@@ -63,7 +63,7 @@ def test_main_calling_others_still_forwards_its_own_result():
                          ids=lambda f: f.__name__)
 def test_not_applicable_keeps_the_result_variable(fn):
     out = _forwarded(fn)
-    assert out.result == f"{fn.__name__}._ab_ret"
+    assert out.result == f"{fn.__name__}.retval_"
     assert "result forwarding: not applicable" in out.notes
 
 

@@ -10,8 +10,8 @@ def test_fib_lowers_to_push_pop_pushjump():
     low = check_pure(lower, function_ir(fib))
     assert low.lowered and low.entries == {"fib": 0}
     assert [b.name for b in low.blocks] == ["fib.0", "fib.1", "fib.2", "fib.2/1", "fib.2/2"]
-    assert {op.var for op in ops_of(low, ir.Push)} == {"fib.n", "fib._ab_r3"}
-    assert sorted(op.var for op in ops_of(low, ir.Pop)) == ["fib._ab_r3", "fib.n"]
+    assert {op.var for op in ops_of(low, ir.Push)} == {"fib._ab_t3", "fib._ab_t4"}
+    assert sorted(op.var for op in ops_of(low, ir.Pop)) == ["fib._ab_t3", "fib._ab_t4"]
     pushjumps = [b.terminator for b in low.blocks if isinstance(b.terminator, ir.PushJump)]
     assert [(t.target, t.return_to) for t in pushjumps] == [(0, 3), (0, 4)]
 

@@ -84,8 +84,8 @@ def test_collatz_loop_becomes_one_self_looping_block():
                                                               b.terminator.false)]
     assert len(loops) == 1
     assert {op.text for op in _predicated(merged)} == {"n = n // 2", "n = 3 * n + 1"}
-    assert {op.when for op in _predicated(merged)} == {(("collatz._ab_c2", True),),
-                                                       (("collatz._ab_c2", False),)}
+    assert {op.when for op in _predicated(merged)} == {(("collatz._ab_t1", True),),
+                                                       (("collatz._ab_t1", False),)}
     assert len(_as_run(collatz, n).blocks) == 3
 
 
@@ -142,7 +142,7 @@ def test_without_types_nothing_merges_and_describe_takes_example_arguments():
     out = io.StringIO()
     text = ab.describe(collatz, _ints(9, 4, 1, 9), file=out)
     assert "block merging: 7 -> 3 blocks (1 branches if-converted" in text
-    assert "when collatz._ab_c2" in text and text == out.getvalue()
+    assert "when collatz._ab_t1" in text and text == out.getvalue()
 
 
 def test_redecorating_an_ab_function_uses_its_python_function():

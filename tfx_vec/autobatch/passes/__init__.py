@@ -1,6 +1,8 @@
 """Compiler passes, one per module, each ``Program -> Program`` (never mutating its input).
 
-:func:`pipeline` is the one place the chain is written:
+:func:`function_pipeline` runs on the Function IR that every runtime runs: jump threading
+over flags, then tail calls.
+:func:`pipeline` is the one place the chain to the stack machine is written:
 liveness -> lowering -> stack elision -> pop/push fusion -> static returns -> result forwarding
 -> block merging -> layout -> allocation.
 
@@ -27,12 +29,24 @@ from .lowering import lower
 from .merge_blocks import merge_blocks
 from .stack_elision import elide_stacks
 from .static_returns import static_returns
+from .tail_calls import tail_calls
+from .thread_jumps import thread_jumps
 
-__all__ = ["pipeline", "liveness", "lower", "elide_stacks", "fuse_pop_push", "static_returns",
-           "forward_result", "merge_blocks", "layout", "LAYOUTS", "allocate"]
+__all__ = ["function_pipeline", "pipeline", "thread_jumps", "tail_calls", "liveness", "lower",
+           "elide_stacks", "fuse_pop_push", "static_returns", "forward_result", "merge_blocks",
+           "layout", "LAYOUTS", "allocate"]
 
+FUNCTION_STAGES = (thread_jumps, tail_calls)
 STAGES = (liveness, lower, elide_stacks, fuse_pop_push, static_returns, forward_result,
           merge_blocks, layout, allocate)
+
+
+def function_pipeline(program: ir.Program) -> ir.Program:
+    """Function IR -> Function IR: what every runtime runs (branches that flags decide are
+    skipped, self tail calls become loops)."""
+    for stage in FUNCTION_STAGES:
+        program = stage(program)
+    return program
 
 
 def pipeline(program: ir.Program, *, block_layout: str = "source",

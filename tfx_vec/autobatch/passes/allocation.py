@@ -17,10 +17,11 @@ Example:
     >>> from tfx_vec.autobatch.passes import pipeline
     >>> @ab.function
     ... def f(x):
-    ...     y = x * 2
-    ...     return y + 1
+    ...     if x > 0:
+    ...         x = x * 2
+    ...     return x + 1
     >>> sorted(pipeline(compile_program(f)).allocation.items())
-    [('f._ab_ret', 'register'), ('f.x', 'register'), ('f.y', 'temporary')]
+    [('f._ab_t1', 'temporary'), ('f.retval_', 'register'), ('f.x', 'register')]
 """
 from __future__ import annotations
 

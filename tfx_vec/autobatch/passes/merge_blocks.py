@@ -43,9 +43,9 @@ Example:
     >>> low = lower(compile_program(halve_or_bump))
     >>> merged = merge_blocks(low, cheap=lambda v: True)
     >>> len(low.blocks), len(merged.blocks)
-    (7, 3)
+    (6, 3)
     >>> print(ir.format_program(merged).splitlines()[7])
-          halve_or_bump.n = prim(halve_or_bump.n) when halve_or_bump._ab_c2  # n = n // 2
+          halve_or_bump.n = prim(halve_or_bump.n) when halve_or_bump._ab_t1  # n = n // 2
 """
 from __future__ import annotations
 
@@ -149,7 +149,8 @@ class _Merger:
         test = self.blocks[j]
         if (not isinstance(test.terminator, ir.Branch) or len(test.ops) > MAX_DUPLICATED_OPS
                 or not self.movable(test)
-                or any(kind != "jump" or k == j for kind, k in refs[j])):
+                or any(kind not in ("jump", "branch") or k == j for kind, k in refs[j])):
+            # (a test that branches reach too stays, for them)
             return False
         return self._extend(i, test.ops, test.terminator, "tests duplicated")
 

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Protocol
 
 from ..errors import TcBackendError
@@ -51,7 +52,23 @@ _INSTANCES: dict[str, Any] = {}
 
 
 def register_backend(name: str, factory: Callable[[], Any]) -> None:
-    """Register ``factory`` (called once, on first use) under ``name``; replaces an older one."""
+    """Register ``factory`` (called once, on first use) under ``name``; replaces an older one.
+
+    Example:
+        A backend that runs the CPU kernels under another name:
+
+        >>> import numpy as np
+        >>> from tfx_vec import tc_ops as tc
+        >>> class Mine:
+        ...     name = "mine"
+        ...     def compile(self, spec):
+        ...         return get_backend("cpu").compile(spec)
+        >>> register_backend("mine", Mine)
+        >>> tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="mine").neg(
+        ...     np.ones(2, np.float32)).numpy()
+        array([-1., -1.], dtype=float32)
+        >>> _ = _FACTORIES.pop("mine"), _INSTANCES.pop("mine", None)     # unregister
+    """
     _FACTORIES[name] = factory
     _INSTANCES.pop(name, None)
 
@@ -73,7 +90,6 @@ def get_backend(name: str) -> Backend:
 def _lazy(module: str, cls: str) -> Callable[[], Any]:
     """A factory importing ``backends.<module>`` only when the backend is first used."""
     def factory():
-        import importlib
         return getattr(importlib.import_module(f".{module}", __package__), cls)()
     return factory
 

@@ -54,12 +54,13 @@ def check_native_bounds(spec: KernelSpec) -> None:
     for cs in d.stmts:
         ranges = r.stmt_ranges[cs.index]
         env = {**sizes, **{v: (lo, hi - 1) for v, (lo, hi) in ranges.items()}}
-        shape = r.shapes[cs.stmt.lhs]
+        shape, origin = r.shapes[cs.stmt.lhs], r.origin(cs.stmt.lhs)
         for k, v in enumerate(cs.stmt.lhs_indices):
-            lo, hi = ranges[v]
-            if lo < 0 or hi > shape[k]:
+            lo, hi = ranges[v]      # element i of a range starting at origin o is i - o
+            if lo < origin[k] or hi > origin[k] + shape[k]:
                 raise TcRangeError(f"in def {d.name}: {cs.stmt.lhs} is written at {v} in "
-                                   f"[{lo}, {hi}) but dimension {k} has size {shape[k]}",
+                                   f"[{lo}, {hi}) but dimension {k} holds "
+                                   f"[{origin[k]}, {origin[k] + shape[k]})",
                                    cs.stmt.lhs_index_spans[k], d.source or None)
         for call in cs.reads:
             for arg in call.args:

@@ -35,6 +35,11 @@ import threading
 
 from .. import native
 from ..codegen.c import CPrinter
+from ..errors import TcShapeError
+from ..lang.ranges import infer_ranges
+from ..lang.sema import check_program
+from ..lang.types import np_dtype
+from ..options import MappingOptions
 from ..poly.kernel import annotate_cpu, build_kernel
 from . import KernelSpec
 from .bounds import check_native_bounds
@@ -117,16 +122,11 @@ def generate(source: str, entry: str, input_specs, options=None, scalars: dict |
         ``(c_source, [(name, shape, numpy dtype), ...])`` for the outputs; compile the source
         with :data:`CFLAGS` and call ``tc_<entry>``.
     """
-    from ..api import define
-    from ..lang.types import np_dtype
-    from ..options import MappingOptions
-    cdef = define(source)[entry].cdef
+    cdef = check_program(source)[entry]
     params = [p for p in cdef.inputs if not p.is_scalar]
     if len(input_specs) != len(params):
-        from ..errors import TcShapeError
         raise TcShapeError(f"{entry}: expected {len(params)} input specs, got {len(input_specs)}")
     shapes = {p.name: tuple(s) for p, (s, _) in zip(params, input_specs)}
-    from ..lang.ranges import infer_ranges
     ranges = infer_ranges(cdef, shapes, scalars)
     spec = KernelSpec(cdef, ranges, options or MappingOptions.default_for(cdef.ast))
     outs = [(n, ranges.shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]

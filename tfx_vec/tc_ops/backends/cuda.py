@@ -22,14 +22,27 @@ import tempfile
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+import tensorflow as tf
+
+from ..codegen.cuda import CudaPrinter
 from ..errors import TcBackendError, TcCompileError
+from ..lang.types import np_dtype
+from ..poly.kernel import build_kernel
+from ..poly.mapping import map_to_gpu
 
 __all__ = ["nvcc_path", "nvcc_check", "dlpack_data_pointer", "cuda_runtime", "CudaRuntime",
            "CudaBackend", "CudaKernel"]
 
 
 def nvcc_path() -> str | None:
-    """``nvcc`` on PATH (or /usr/local/cuda/bin), else None."""
+    """``nvcc`` on PATH (or /usr/local/cuda/bin), else None.
+
+    Example:
+        >>> p = nvcc_path()
+        >>> p is None or p.endswith("nvcc")
+        True
+    """
     return shutil.which("nvcc") or (
         "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
@@ -38,6 +51,12 @@ def nvcc_check(source: str, arch: str = "sm_90") -> None:
     """Compile ``source`` with ``nvcc -arch=<arch> -c``; raise TcCompileError with nvcc's output.
 
     Raises TcBackendError when nvcc is not installed.
+
+    Example::
+
+        from tfx_vec import tc_ops as tc      # needs nvcc on PATH
+        nvcc_check(tc.generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }",
+                                      "neg", [(64,)], backend="cuda"), arch="sm_90")
     """
     nvcc = nvcc_path()
     if nvcc is None:
@@ -75,9 +94,13 @@ def dlpack_data_pointer(tensor: Any) -> tuple[int, int]:
     """(address of the first element, DLPack device type) of a TF tensor, without copying.
 
     The tensor must stay alive while the address is used.  Device type 1 is host memory, 2 CUDA.
-    """
-    import tensorflow as tf
 
+    Example:
+        >>> import tensorflow as tf
+        >>> address, device = dlpack_data_pointer(tf.constant([1.0, 2.0]))
+        >>> address > 0, device            # 1: host memory
+        (True, 1)
+    """
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
@@ -97,7 +120,12 @@ _runtime_lock = threading.Lock()
 
 
 def cuda_runtime() -> "CudaRuntime":
-    """The process' CUDA runtime; TcBackendError when pycuda or a CUDA driver/GPU is missing."""
+    """The process' CUDA runtime; TcBackendError when pycuda or a CUDA driver/GPU is missing.
+
+    Example::
+
+        print(cuda_runtime().name)    # needs pycuda and a GPU, e.g. NVIDIA H100 80GB HBM3
+    """
     global _runtime
     with _runtime_lock:
         if _runtime is None:
@@ -106,7 +134,16 @@ def cuda_runtime() -> "CudaRuntime":
 
 
 class CudaRuntime:
-    """pycuda on the device TF uses (its primary context), kernels compiled per source text."""
+    """pycuda on the device TF uses (its primary context), kernels compiled per source text.
+
+    Example::
+
+        from tfx_vec import tc_ops as tc      # needs pycuda and a GPU
+        rt = cuda_runtime()
+        src = tc.generate_source("def neg(float(N) A) -> (B) { B(i) = -A(i) }", "neg", [(64,)],
+                                 backend="cuda")
+        assert rt.module(src) is rt.module(src)    # compiled once per source text
+    """
 
     def __init__(self) -> None:
         try:
@@ -154,9 +191,6 @@ class CudaRuntime:
         ``launches`` are ``opencl.Launch``-like (kernel, global size, local size): the grid is
         global // local per dimension.
         """
-        import numpy as np
-        import tensorflow as tf
-
         def fresh(shape, dtype) -> tf.Tensor:
             # A new zeroed buffer (tf.zeros may hand out a cached constant, which the kernel
             # must never write into).
@@ -196,14 +230,24 @@ class CudaKernel:
     ``run(args)`` takes NumPy buffers in the ABI order (outputs written in place, through the
     GPU); :meth:`run_tensors` takes TF tensors already on the GPU and returns TF tensors, with no
     host round trip.
+
+    Example:
+        >>> from tfx_vec.tc_ops.backends import KernelSpec
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.pipeline import infer
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> opts = MappingOptions(tile=(16,), map_to_threads=(16,))
+        >>> kernel = CudaBackend().compile(KernelSpec(cdef, infer(cdef, {"A": (64,)}), opts))
+        >>> kernel.launches
+        [Launch(kernel='tc_neg_k0', global_size=(64,), local_size=(16,))]
+        >>> kernel.outputs
+        [((64,), dtype('float32'))]
     """
 
     def __init__(self, spec: Any, mapping: Any, source: str):
-        from ..lang.types import np_dtype
-        from .opencl import launches_for
-
         self.spec, self.mapping, self.source = spec, mapping, source
-        self.launches = launches_for(mapping)
+        self.launches = mapping.launches()
         cdef, shapes = spec.cdef, spec.ranges.shapes
         self.n_inputs = len(cdef.inputs)
         self.outputs = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.outputs]
@@ -213,7 +257,6 @@ class CudaKernel:
         return cuda_runtime().run(self.source, self.launches, inputs, self.outputs, self.temps)
 
     def run(self, args: list) -> None:
-        import numpy as np
         outs = self.run_tensors([np.reshape(a, (1,)) if np.ndim(a) == 0 else a
                                  for a in args[:self.n_inputs]])
         for dst, src in zip(args[self.n_inputs:], outs):
@@ -221,22 +264,23 @@ class CudaKernel:
 
 
 class CudaBackend:
-    """``backend="cuda"``: generation needs nothing; running needs pycuda and a CUDA GPU."""
+    """``backend="cuda"``: generation needs nothing; running needs pycuda and a CUDA GPU.
+
+    Example:
+        >>> from tfx_vec.tc_ops.backends import KernelSpec
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.pipeline import infer
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> cdef = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> spec = KernelSpec(cdef, infer(cdef, {"A": (64,)}), MappingOptions())
+        >>> kernel = CudaBackend().compile(spec)                  # no GPU needed to generate
+        >>> 'extern "C" __global__ void tc_neg_k0(' in kernel.source
+        True
+    """
 
     name = "cuda"
 
     def compile(self, spec: Any) -> CudaKernel:
-        from ..codegen.cuda import CudaPrinter
-        from ..poly.kernel import build_kernel
-        from ..poly.mapping import map_to_gpu
-
         mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options)
         return CudaKernel(spec, mapping, CudaPrinter(mapping).source())
 
-
-def _register() -> None:
-    from . import register_backend
-    register_backend("cuda", CudaBackend)
-
-
-_register()

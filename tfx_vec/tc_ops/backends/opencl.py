@@ -19,39 +19,25 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import functools
+import glob
 import hashlib
+import os
 import threading
 import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..codegen.opencl import OpenCLPrinter
 from ..errors import TcBackendError, TcCompileError
+from ..lang.types import np_dtype
+from ..poly.kernel import build_kernel
+from ..poly.mapping import Launch, map_to_gpu
 
 __all__ = ["Launch", "OpenCLRuntime", "OpenCLBackend", "OpenCLKernel", "available",
-           "device_name", "launches_for"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """One kernel launch: global and local work sizes (x fastest), as OpenCL takes them."""
-
-    kernel: str
-    global_size: tuple[int, ...]
-    local_size: tuple[int, ...]
-
-
-def launches_for(mapping) -> list[Launch]:
-    """The launches of a :class:`~..poly.mapping.GpuMapping`, grid and block padded to one rank."""
-    out = []
-    for gk in mapping.kernels:
-        n = max(len(gk.grid), len(gk.block))
-        grid = tuple(gk.grid) + (1,) * (n - len(gk.grid))
-        block = tuple(gk.block) + (1,) * (n - len(gk.block))
-        out.append(Launch(gk.name, tuple(g * b for g, b in zip(grid, block)), block))
-    return out
+           "device_name"]
 
 
 def _preload_icd_drivers() -> None:
@@ -62,10 +48,6 @@ def _preload_icd_drivers() -> None:
     DEEPBIND the driver and its dependencies resolve their own LLVM first; the ICD loader's later
     dlopen of the same library returns this handle.
     """
-    import ctypes
-    import glob
-    import os
-
     for icd in glob.glob("/etc/OpenCL/vendors/*.icd"):
         try:
             with open(icd) as f:
@@ -87,7 +69,12 @@ def _cl():
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether an OpenCL device can be used here."""
+    """Whether an OpenCL device can be used here.
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
     try:
         OpenCLRuntime.get()
         return True
@@ -96,12 +83,27 @@ def available() -> bool:
 
 
 def device_name() -> str:
-    """The OpenCL device's name (part of cache keys)."""
+    """The OpenCL device's name (part of cache keys).
+
+    Example::
+
+        print(device_name())    # needs an OpenCL platform; on PoCL, e.g. pthread-skylake-...
+    """
     return OpenCLRuntime.get().device.name.strip()
 
 
 class OpenCLRuntime:
-    """A context and queue on the first OpenCL device (CPU devices included), and built programs."""
+    """A context and queue on the first OpenCL device (CPU devices included), and built programs.
+
+    Example::
+
+        import numpy as np
+        src = ("__kernel void twice(__global const float* a, __global float* b)"
+               "{ int i = get_global_id(0); b[i] = 2 * a[i]; }")
+        b = np.zeros(8, np.float32)
+        OpenCLRuntime.get().run(src, [Launch("twice", (8,), (4,))], [np.ones(8, np.float32)], [b])
+        print(b[:3])            # [2. 2. 2.]
+    """
 
     _instance: "OpenCLRuntime | None" = None
     _lock = threading.Lock()
@@ -211,13 +213,23 @@ class OpenCLRuntime:
 
 
 class OpenCLKernel:
-    """A compiled TC on OpenCL: ``source``, ``run(args)`` in the ABI order (outputs in place)."""
+    """A compiled TC on OpenCL: ``source``, ``run(args)`` in the ABI order (outputs in place).
+
+    Example::
+
+        import numpy as np
+        from tfx_vec import tc_ops as tc
+        mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="opencl")
+        kernel = mod.neg.compile(np.ones(8, np.float32))     # an OpenCLKernel
+        b = np.zeros(8, np.float32)
+        kernel.run([np.ones(8, np.float32), b])                # inputs, then outputs
+        print(b[:2], "__kernel void tc_neg_k0(" in kernel.source)   # [-1. -1.] True
+    """
 
     def __init__(self, spec: Any, mapping: Any, source: str):
         self.spec, self.mapping, self.source = spec, mapping, source
-        self.launches = launches_for(mapping)
+        self.launches = mapping.launches()
         cdef, shapes = spec.cdef, spec.ranges.shapes
-        from ..lang.types import np_dtype
         self.n_inputs = len(cdef.inputs)
         self.temps = [(shapes[n], np_dtype(cdef.tensors[n].dtype)) for n in cdef.temps]
 
@@ -232,15 +244,20 @@ class OpenCLKernel:
 
 
 class OpenCLBackend:
-    """``backend="opencl"``: the GPU mapping printed as OpenCL C, run with pyopencl (PoCL here)."""
+    """``backend="opencl"``: the GPU mapping printed as OpenCL C, run with pyopencl (PoCL here).
+
+    Example::
+
+        import numpy as np
+        from tfx_vec import tc_ops as tc
+        mod = tc.define("def neg(float(N) A) -> (B) { B(i) = -A(i) }", backend="opencl")
+        print(mod.neg(np.ones(4, np.float32)).numpy())   # [-1. -1. -1. -1.], compiled by
+                                                         # OpenCLBackend().compile(spec)
+    """
 
     name = "opencl"
 
     def compile(self, spec: Any) -> OpenCLKernel:
-        from ..codegen.opencl import OpenCLPrinter
-        from ..poly.kernel import build_kernel
-        from ..poly.mapping import map_to_gpu
-
         rt = OpenCLRuntime.get()
         budget = min(rt.local_mem_size, 48 * 1024)
         mapping = map_to_gpu(build_kernel(spec.cdef, spec.ranges), spec.options, budget)
@@ -260,10 +277,3 @@ class OpenCLBackend:
         rt.build(source)
         return OpenCLKernel(spec, mapping, source)
 
-
-def _register() -> None:
-    from . import register_backend
-    register_backend("opencl", OpenCLBackend)
-
-
-_register()

@@ -1,8 +1,8 @@
 """CUDA printer: the same mapped isl AST as ``codegen/opencl.py``, in the CUDA dialect.
 
 Only attributes differ (``extern "C" __global__``, ``__shared__``, ``__syncthreads()``,
-``blockIdx``/``threadIdx``, ``#pragma unroll``, ``__restrict__``, ``__half``), as STYLE.md §10
-asks.
+``blockIdx``/``threadIdx``, ``#pragma unroll``, ``__restrict__``, ``__half``): a dialect is
+a set of spellings, not a second printer.
 
 Example:
     >>> from tfx_vec.tc_ops.lang import parse
@@ -24,7 +24,20 @@ from .opencl import GpuPrinter
 __all__ = ["CudaPrinter"]
 
 class CudaPrinter(GpuPrinter):
-    """CUDA C++ for nvcc / NVRTC (pycuda's SourceModule with ``no_extern_c``)."""
+    """CUDA C++ for nvcc / NVRTC (pycuda's SourceModule with ``no_extern_c``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64,)}))
+        >>> m = map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))
+        >>> "__global__" in CudaPrinter(m).source()
+        True
+    """
 
     kernel_prefix = 'extern "C" __global__'
     global_space = ""

@@ -33,7 +33,8 @@ _UNARY = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "sin":
           "sinh": np.sinh, "cosh": np.cosh, "cbrt": np.cbrt, "fabs": np.abs, "abs": np.abs,
           "rsqrt": lambda x: 1 / np.sqrt(x), "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 _BINARY = {"fmax": np.fmax, "fmin": np.fmin, "max": np.maximum, "min": np.minimum,
-           "pow": np.power, "atan2": np.arctan2, "fmod": np.fmod}
+           "pow": np.power, "atan2": np.arctan2, "fmod": np.fmod, "nextafter": np.nextafter,
+           "hypot": np.hypot, "copysign": np.copysign}
 _REDUCE = {"+=": np.add, "*=": np.multiply, "min=": np.minimum, "max=": np.maximum}
 
 
@@ -50,8 +51,20 @@ def _neutral(op: str, dtype: np.dtype):
     return info.max if op == "min=" else info.min
 
 
-def interpret(d: CheckedDef, inputs: list, scalars: dict | None = None) -> tuple:
-    """Outputs of ``d`` on ``inputs`` (NumPy arrays / scalars in signature order)."""
+def interpret(d: CheckedDef, inputs: list, scalars: dict | None = None,
+              outputs: list | None = None) -> tuple:
+    """Outputs of ``d`` on ``inputs`` (NumPy arrays / scalars in signature order).
+
+    ``outputs`` gives the outputs' initial contents (default zeros): what a reduction without
+    ``!`` into a not yet written output reduces into.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> d = check_program("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["f"]
+        >>> interpret(d, [np.ones((2, 3), np.float32)])
+        (array([3., 3.], dtype=float32),)
+    """
     args = {p.name: (np.asarray(x, np_dtype(p.dtype)) if p.is_scalar else np.asarray(x))
             for p, x in zip(d.inputs, inputs)}
     shapes = {p.name: args[p.name].shape for p in d.inputs if not p.is_scalar}
@@ -63,6 +76,8 @@ def interpret(d: CheckedDef, inputs: list, scalars: dict | None = None) -> tuple
     for name, info in d.tensors.items():
         if info.kind != "input":
             env[name] = np.zeros(ranges.shapes[name], np_dtype(info.dtype))
+    for name, init in zip(d.outputs, outputs or ()):
+        env[name][...] = init
     for cs, box in zip(d.stmts, ranges.stmt_ranges):
         s = cs.stmt
         names = list(cs.all_vars)
@@ -75,7 +90,8 @@ def interpret(d: CheckedDef, inputs: list, scalars: dict | None = None) -> tuple
             val = np.asarray(_eval(d, s.rhs, idx, env, ranges)).astype(dt)
         val = np.broadcast_to(val, grids[0].shape if grids else ())
         nl = len(cs.lhs_vars)
-        lhs_at = tuple(np.arange(box[v][0], box[v][1]) for v in cs.lhs_vars)
+        lhs_at = tuple(np.arange(box[v][0], box[v][1]) - o
+                       for v, o in zip(cs.lhs_vars, ranges.origin(s.lhs)))
         sel = np.ix_(*lhs_at) if nl else ()
         if s.op == "=":
             new = val
@@ -132,11 +148,12 @@ def _eval(d: CheckedDef, e: A.Expr, idx: dict, env: dict, ranges):
     if isinstance(e, A.Call):
         if e.name in d.tensors:
             subs = []
-            for k, a in enumerate(e.args):
-                v = np.asarray(rec(a)).astype(np.int64)
-                if id(e) in ranges.clamp:
-                    v = np.clip(v, 0, ranges.shapes[e.name][k] - 1)
-                subs.append(v)
+            for k, (a, o) in enumerate(zip(e.args, ranges.origin(e.name))):
+                v = np.asarray(rec(a)).astype(np.int64) - o
+                # in range wherever the read is evaluated (checked, or clamped when computed
+                # ids are used); clipping only touches the lanes a guard (c ? A(i-1) : 0)
+                # discards, which NumPy evaluates too
+                subs.append(np.clip(v, 0, ranges.shapes[e.name][k] - 1))
             arr = env[e.name]
             return arr[tuple(subs)] if subs else arr[()]
         args = [rec(a) for a in e.args]

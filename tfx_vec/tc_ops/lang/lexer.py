@@ -16,6 +16,13 @@ __all__ = ["Token", "tokenize", "TOKEN_NAMES"]
 
 @dataclasses.dataclass(frozen=True)
 class Token:
+    """One token: its kind (``"ID"``, a literal kind or the operator itself), its text and
+    where it starts (1-based line and column).
+
+    Example:
+        >>> tokenize("A(i)")[0]
+        Token(kind='ID', text='A', line=1, column=1)
+    """
     kind: str      # "ID", "INT", "FLOAT", "EOF", or the punctuation/operator text itself
     text: str
     line: int
@@ -31,7 +38,7 @@ TOKEN_NAMES = {"ID": "identifier", "INT": "integer", "FLOAT": "number", "EOF": "
 
 _OPERATORS = sorted(["->", "+=!", "*=!", "+=", "*=", "==", "!=", "<=", ">=", "&&", "||",
                      "(", ")", "{", "}", ",", ":", "?", ".", "+", "-", "*", "/", "%", "<", ">",
-                     "!", "=", "\u2192"], key=len, reverse=True)
+                     "!", "=", "\u2192", "<=>", "[", "]"], key=len, reverse=True)
 _NUMBER = re.compile(r"(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[fF]?|0[xX][0-9a-fA-F]+")
 _IDENT = re.compile(r"[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*")
 
@@ -43,6 +50,10 @@ def tokenize(source: str) -> list[Token]:
 
     Raises:
         TcSyntaxError: on a character that starts no token.
+
+    Example:
+        >>> [t.text for t in tokenize("B(i) +=! A(i, k)  # sum")][:4]
+        ['B', '(', 'i', ')']
     """
     if not isinstance(source, str):
         raise TcSyntaxError(f"TC source must be a str, got {type(source).__name__}")

@@ -19,7 +19,7 @@ from . import ast as A
 from .lexer import TOKEN_NAMES, Token, tokenize
 from .types import canonical
 
-__all__ = ["parse"]
+__all__ = ["parse", "parse_expr"]
 
 _ASSIGN = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False), "min=": ("min=", False),
            "max=": ("max=", False), "+=!": ("+=", True), "*=!": ("*=", True),
@@ -35,8 +35,46 @@ def parse(source: str) -> A.Program:
 
     Raises:
         TcSyntaxError: with line, column, caret and the expected tokens.
+
+    Example:
+        >>> prog = parse("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+        >>> [p.name for p in prog.defs[0].params]
+        ['A', 'B']
     """
     return _Parser(source).program()
+
+
+def _resolver(lets: dict, rank0, scalars=frozenset()):
+    """Rewrites an expression: a bound name becomes (a fresh copy of) its binding, a 0-d
+    tensor's bare name becomes its read ``v()``, and a scalar parameter read as ``a()`` (a 0-d
+    tensor in the original's terms) becomes ``a``."""
+    def fn(x: A.Ident) -> A.Expr:
+        if x.name in lets:
+            return A.map_idents(lets[x.name], lambda y: A.Ident(y.name, y.span))
+        if x.name in rank0:
+            return A.Call(x.name, (), x.span)
+        return x
+
+    def rewrite(e: A.Expr) -> A.Expr:
+        e = A.map_idents(e, fn)
+        if not scalars:
+            return e
+        return A.map_calls(e, lambda c: A.Ident(c.name, c.span)
+                           if c.name in scalars and not c.args else c)
+    return rewrite
+
+
+def parse_expr(text: str) -> A.Expr:
+    """Parse one TC expression (what the gradient pass splices together as text).
+
+    >>> parse_expr("A(i + 1) * 2").op
+    '*'
+    """
+    p = _Parser(text)
+    e = p.expr()
+    if not p.at("EOF"):
+        raise p.error(("EOF",))
+    return e
 
 
 class _Parser:
@@ -111,22 +149,38 @@ class _Parser:
         self.expect(")")
         self.expect("->")
         self.expect("(")
-        rets = [self.ident("output name")]
+        rets = [self.output()]
         while self.at(","):
             self.advance()
-            rets.append(self.ident("output name"))
+            rets.append(self.output())
         self.expect(")")
         self.expect("{")
         stmts = []
+        scalars = {p.name for p in params if p.is_scalar}
+        # 0-d tensors (inputs declared "float() x", outputs written without indices) read as
+        # "x" too
+        rank0 = {p.name for p in params if p.dims == ()}
         while not self.at("}"):
             if self.at("EOF"):
                 raise self.error(("'}'", "<identifier>"))
-            stmts.append(self.stmt())
+            s = self.stmt(rank0 - scalars, scalars)
+            stmts.append(s)
+            if not s.lhs_indices:
+                rank0.add(s.lhs)
         self.expect("}")
         if not stmts:
             raise TcSyntaxError(f"def {name} has no statement", start.span, self.source)
-        return A.Def(name, tuple(params), tuple(t.text for t in rets),
-                     tuple(t.span for t in rets), tuple(stmts), start.span)
+        return A.Def(name, tuple(params), tuple(r[0].text for r in rets),
+                     tuple(r[0].span for r in rets), tuple(stmts), start.span,
+                     tuple(r[1] for r in rets))
+
+    def output(self) -> tuple[Token, A.Param | None]:
+        """An output: ``name`` (type and range inferred) or ``type name`` / ``type(D1,..) name``
+        (declared element type and sizes, checked against what the statements compute)."""
+        if self.tok.kind == "ID" and self.peek().kind in ("ID", "("):
+            p = self.param()
+            return Token("ID", p.name, p.span.line, p.span.column), p
+        return self.ident("output name"), None
 
     def param(self) -> A.Param:
         t = self.ident("type")
@@ -152,7 +206,9 @@ class _Parser:
         name = self.ident("parameter name")
         return A.Param(dtype, dims, name.text, name.span, tuple(spans))
 
-    def stmt(self) -> A.Stmt:
+    def stmt(self, rank0: set = frozenset(), scalars: set = frozenset()) -> A.Stmt:
+        """One statement.  ``rank0`` names the 0-d tensors defined so far, which read as
+        ``v`` as well as ``v()``; ``where name = e`` bindings are inlined into the statement."""
         if self.at("("):
             raise self.error(("<identifier>",), "TC function calls '(outs) = f(args)' are not "
                              "supported; inline the callee's statements")
@@ -170,23 +226,59 @@ class _Parser:
             raise self.error(tuple(_ASSIGN) + (("(",) if not idx else ()))
         op, init = _ASSIGN[self.advance().kind]
         rhs = self.expr()
-        where = []
+        where, exists, lets = [], [], {}
         if self.at_word("where"):
             self.advance()
-            where.append(self.range_constraint())
+            self.where_clause(where, exists, lets)
             while self.at(","):
                 self.advance()
-                where.append(self.range_constraint())
+                self.where_clause(where, exists, lets)
+        if self.at("<=>"):       # "<=> lib(args)": an equivalent library call, a hint only
+            self.advance()
+            self.ident("library function name")
+            self.expect("(")
+            if not self.at(")"):
+                self.expr()
+                while self.at(","):
+                    self.advance()
+                    self.expr()
+            self.expect(")")
+        resolve = _resolver(lets, rank0, scalars)
         return A.Stmt(lhs.text, tuple(t.text for t in idx), tuple(t.span for t in idx), op, init,
-                      rhs, tuple(where), lhs.span)
+                      resolve(rhs), tuple(where), lhs.span, tuple(resolve(e) for e in exists))
 
-    def range_constraint(self) -> A.RangeConstraint:
-        var = self.ident("index variable")
-        self.expect_word("in")
+    def where_clause(self, where: list, exists: list, lets: dict) -> None:
+        """``i in lo:hi`` (a range), ``exists e`` (accesses of ``e`` bound the ranges, ``e`` is
+        not evaluated) or ``name = e`` (a named binding, inlined where ``name`` is used)."""
+        if self.at_word("exists") and self.peek().kind not in ("=",) and \
+                not (self.peek().kind == "ID" and self.peek().text == "in"):
+            self.advance()
+            exists.append(_resolver(lets, frozenset())(self.expr()))
+            return
+        var = self.ident("index variable or binding name")
+        if self.at("=") and self.peek().kind == "[":      # "i = [lo, hi[": a range
+            self.advance()
+            self.advance()
+            lo = self.binary(0)
+            self.expect(",")
+            hi = self.binary(0)
+            self.expect("[")
+            where.append(A.RangeConstraint(var.text, lo, hi, var.span))
+            return
+        if self.at("="):
+            self.advance()
+            if var.text in lets:
+                raise TcSyntaxError(f"{var.text!r} is bound twice in this where clause",
+                                    var.span, self.source)
+            lets[var.text] = _resolver(lets, frozenset())(self.expr())
+            return
+        if not self.at_word("in"):
+            raise self.error(("'in'", "'='"))
+        self.advance()
         lo = self.binary(0)
         self.expect(":")
         hi = self.binary(0)
-        return A.RangeConstraint(var.text, lo, hi, var.span)
+        where.append(A.RangeConstraint(var.text, lo, hi, var.span))
 
     # -- expressions ---------------------------------------------------------------------
     def expr(self) -> A.Expr:

@@ -15,13 +15,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
-from ..errors import Span, TcError, TcNameError, TcRangeError, TcSemanticError, TcTypeError
+from ..errors import (Span, TcError, TcNameError, TcRangeError, TcSemanticError, TcTypeError,
+                      TcWarning)
 from . import ast as A
-from .types import canonical, is_float, is_int, promote
+from .parser import parse
+from .printer import expr_to_tc
+from .types import canonical, is_float, is_int, promote, rank
 
 __all__ = ["BUILTINS", "TensorInfo", "Constraint", "CheckedStmt", "CheckedDef", "check",
-           "linear_in"]
+           "check_program", "linear_in", "guards"]
 
 # builtin name -> (number of arguments, result: "float" (a float function), "same" (promote args),
 # or a fixed type name)
@@ -34,13 +38,20 @@ BUILTINS: dict[str, tuple[int, str]] = {
     "fabs": (1, "float"), "abs": (1, "same"),
     "fmax": (2, "float"), "fmin": (2, "float"), "fmaxf": (2, "float32"), "fminf": (2, "float32"),
     "max": (2, "same"), "min": (2, "same"), "pow": (2, "float"), "powf": (2, "float32"),
-    "atan2": (2, "float"), "fmod": (2, "float"),
+    "atan2": (2, "float"), "fmod": (2, "float"), "nextafter": (2, "float"),
+    "nextafterf": (2, "float32"), "hypot": (2, "float"), "copysign": (2, "float"),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of the TC: an input (``dims`` from the signature), an output or a temporary."""
+    """A tensor of the TC: an input (``dims`` from the signature), an output or a temporary.
+
+    Example:
+        >>> d = check_program("def f(float(N) A) -> (B) { B(i) = A(i) }")["f"]
+        >>> d.tensors["A"].kind, d.tensors["B"].kind, d.tensors["B"].dtype
+        ('input', 'output', 'float')
+    """
 
     name: str
     dtype: str
@@ -53,16 +64,36 @@ class TensorInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Constraint:
-    """An access ``tensor(..., expr, ...)`` (at ``dim``) that bounds index variables."""
+    """An access ``tensor(..., expr, ...)`` (at ``dim``) that bounds index variables.
+
+    ``guard`` lists the conditions under which the access is evaluated, as ``(condition,
+    holds)`` pairs (``c ? A(i) : ...`` reads ``A(i)`` only where ``c`` holds, ``c && A(i)``
+    likewise): its bounds check only covers the points where every condition allows the read.
+
+    Example:
+        >>> d = check_program("def f(float(N) A) -> (B) { B(i) = A(i + 1) }")["f"]
+        >>> c = d.stmts[0].checks[0]
+        >>> c.tensor, c.dim
+        ('A', 0)
+    """
 
     tensor: str
     dim: int
     expr: A.Expr
     span: Span
+    guard: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckedStmt:
+    """One checked statement: its output (``lhs_vars``) and reduction (``red_vars``) index
+    variables, element type, reads, and the order in which range inference bounds its variables.
+
+    Example:
+        >>> s = check_program("def f(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["f"].stmts[0]
+        >>> s.lhs_vars, s.red_vars, s.dtype
+        (('n',), ('k',), 'float')
+    """
     index: int
     stmt: A.Stmt
     lhs_vars: tuple[str, ...]
@@ -72,6 +103,7 @@ class CheckedStmt:
     rounds: tuple[tuple[tuple[str, tuple[Constraint, ...]], ...], ...]
     where: dict                                       # var -> RangeConstraint
     checks: tuple[Constraint, ...]                    # every subscript, checked at call time
+    bound_reads: tuple[A.Call, ...] = ()              # reads of ``where exists`` (not evaluated)
 
     @property
     def all_vars(self) -> tuple[str, ...]:
@@ -84,7 +116,13 @@ class CheckedStmt:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedDef:
-    """A type-checked TC definition ready for range inference and lowering."""
+    """A type-checked TC definition ready for range inference and lowering.
+
+    Example:
+        >>> d = check_program("def f(float(N) A, int32 k) -> (B) { B(i) = A(i) * k }")["f"]
+        >>> d.name, d.sizes, [p.name for p in d.inputs], d.outputs
+        ('f', ('N',), ['A', 'k'], ('B',))
+    """
 
     ast: A.Def
     source: str
@@ -95,6 +133,7 @@ class CheckedDef:
     types: dict                     # id(expr node) -> element type
     structural_scalars: tuple[str, ...]   # int scalars used in subscripts/where (JIT-key them)
     plan_order: tuple[int, ...] = ()      # statements in range-inference order
+    inout: tuple[str, ...] = ()           # outputs whose first write reduces into their contents
 
     @property
     def name(self) -> str:
@@ -120,9 +159,77 @@ class CheckedDef:
     def type_of(self, e: A.Expr) -> str:
         return self.types[id(e)]
 
+    @property
+    def index_inputs(self) -> tuple[str, ...]:
+        """Input tensors whose values are subscripts (their values are bounds-checked per call)."""
+        names = []
+        for cs in self.stmts:
+            for r in cs.reads + cs.bound_reads:
+                for a in r.args:
+                    for x in A.walk(a):
+                        if isinstance(x, A.Call) and x.name in self.tensors and \
+                                self.tensors[x.name].kind == "input":
+                            names.append(x.name)
+        return tuple(dict.fromkeys(names))
+
+
+def check_program(source: str) -> dict[str, "CheckedDef"]:
+    """Parse ``source`` and check every ``def``: name -> :class:`CheckedDef`, in source order.
+
+    Raises:
+        TcError: a syntax, name, type or semantic error (a def defined twice included).
+
+    Example:
+        >>> list(check_program("def f(float(N) A) -> (B) { B(i) = A(i) }  "
+        ...                    "def g(float(N) A) -> (B) { B(i) = -A(i) }"))
+        ['f', 'g']
+    """
+    prog = parse(source)
+    out: dict[str, CheckedDef] = {}
+    for d in prog.defs:
+        if d.name in out:
+            raise TcNameError(f"def {d.name} is defined twice", d.span, source)
+        out[d.name] = check(d, source)
+    return out
+
+
+def guards(e: A.Expr, under: tuple = ()) -> dict[int, tuple]:
+    """id(read) -> the conditions guarding it in ``e``: ``(condition, holds)`` pairs from the
+    enclosing ``?:`` branches and the right operands of ``&&`` / ``||`` (evaluated only when the
+    left one is true / false, as in C).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> [(expr_to_tc(c), holds) for g in guards(parse_expr("i > 0 ? A(i - 1) : 0")).values()
+        ...  for c, holds in g]
+        [('i > 0', True)]
+    """
+    out: dict[int, tuple] = {}
+    if isinstance(e, A.Call):
+        out[id(e)] = under
+    if isinstance(e, A.Ternary):
+        out.update(guards(e.cond, under))
+        out.update(guards(e.then, under + ((e.cond, True),)))
+        out.update(guards(e.other, under + ((e.cond, False),)))
+    elif isinstance(e, A.Binary) and e.op in ("&&", "||"):
+        out.update(guards(e.lhs, under))
+        out.update(guards(e.rhs, under + ((e.lhs, e.op == "&&"),)))
+    else:
+        for c in A.children(e):
+            out.update(guards(c, under))
+    return out
+
 
 def check(d: A.Def, source: str = "") -> CheckedDef:
-    """Check one definition; errors carry ``source`` for their caret."""
+    """Check one definition; errors carry ``source`` for their caret.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse
+        >>> src = "def f(float(N) A) -> (B) { B(i) = A(i) + 1 }"
+        >>> check(parse(src).defs[0], src).stmts[0].dtype
+        'float'
+    """
     try:
         return _Checker(d, source).run()
     except TcError as e:
@@ -138,6 +245,13 @@ def linear_in(e: A.Expr, v: str, params: frozenset = frozenset()
 
     ``coef`` may only use literals and ``params`` (sizes, scalars); ``coef`` and ``rest`` are AST
     expressions (``IntLit(0)`` when absent).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> from tfx_vec.tc_ops.lang.printer import expr_to_tc
+        >>> coef, rest = linear_in(parse_expr("2*i + j"), "i")
+        >>> expr_to_tc(rest)
+        '0 * 2 + j'
     """
     sp = getattr(e, "span", Span(0, 0))
     zero, one = A.IntLit(0, sp), A.IntLit(1, sp)
@@ -189,6 +303,7 @@ class _Checker:
         self.types: dict[int, str] = {}
         self.weak: set[int] = set()            # ids of literal-typed (adaptable) expressions
         self.structural: list[str] = []
+        self.inout: list[str] = []
 
     def err(self, cls, msg: str, span: Span) -> TcError:
         return cls(f"in def {self.d.name}: {msg}", span, self.source or None)
@@ -202,7 +317,7 @@ class _Checker:
                       for (cs, _), (rounds, checks) in zip(infos, plans))
         return CheckedDef(self.d, self.source, dict(self.tensors), dict(self.scalars),
                           tuple(self.sizes), stmts, self.types,
-                          tuple(dict.fromkeys(self.structural)), order)
+                          tuple(dict.fromkeys(self.structural)), order, tuple(self.inout))
 
     # -- signature -----------------------------------------------------------------------
     def check_signature(self) -> None:
@@ -232,6 +347,12 @@ class _Checker:
                 raise self.err(TcNameError, f"output {r!r} is also an input parameter", sp)
             if self.d.returns.count(r) > 1:
                 raise self.err(TcNameError, f"output {r!r} is listed twice", sp)
+            declared = self.d.return_type(r)
+            for dim, dsp in zip((declared.dims or ()) if declared else (),
+                                declared.dim_spans if declared else ()):
+                if isinstance(dim, str) and dim not in self.sizes:
+                    raise self.err(TcNameError, f"output {r} is declared with size {dim!r}, "
+                                   "which no input declares", dsp)
 
     def check_outputs_written(self) -> None:
         for r, sp in zip(self.d.returns, self.d.return_spans):
@@ -246,15 +367,20 @@ class _Checker:
             raise self.err(TcTypeError, f"{s.lhs} has {lhs_info.rank} dimension(s) but is "
                            f"written with {len(s.lhs_indices)} index(es)", s.span)
         first_def = lhs_info is None
+        declared = self.d.return_type(s.lhs)
+        if first_def and declared is not None and len(declared.dims or ()) != \
+                len(s.lhs_indices):
+            raise self.err(TcTypeError, f"{s.lhs} is declared as an output with "
+                           f"{len(declared.dims or ())} dimension(s) but written with "
+                           f"{len(s.lhs_indices)} index(es)", s.span)
         if first_def and s.op != "=" and not s.init:
-            raise self.err(TcSemanticError,
-                           f"{s.lhs} is updated with {s.op} before it is initialised; use "
-                           f"{s.op}! or initialise it in an earlier statement", s.span)
+            self.warn_uninitialised(s)
         names = self.known_names()
         index_vars = list(s.lhs_indices)
-        for e in A.walk(s.rhs):
-            if isinstance(e, A.Ident) and e.name not in names and e.name not in index_vars:
-                index_vars.append(e.name)
+        for root in (s.rhs, *s.exists):
+            for e in A.walk(root):
+                if isinstance(e, A.Ident) and e.name not in names and e.name not in index_vars:
+                    index_vars.append(e.name)
         for rc in s.where:
             for e in (rc.lo, rc.hi):
                 for x in A.walk(e):
@@ -279,18 +405,48 @@ class _Checker:
                            "reduction operator (+=!, *=!, min=!, max=! or their non-initialising "
                            "forms)", self.first_use(s.rhs, v))
         reads: list[A.Call] = []
-        rtype = self.expr_type(s.rhs, s, set(index_vars), reads)
-        self.check_reads_defined(s, reads, first_def)
+        rtype, weak = self._type(s.rhs, s, set(index_vars), reads)
+        bound_reads: list[A.Call] = []
+        for e in s.exists:
+            self._type(e, s, set(index_vars), bound_reads)
+        self.check_reads_defined(s, reads + bound_reads, first_def)
         self.check_in_place(s, reads)
-        dtype = lhs_info.dtype if lhs_info else (rtype if rtype != "bool" or s.op == "=" else
-                                                  "int32")
+        if declared is not None:
+            self.check_narrowing(s, rtype, weak, declared)
+        dtype = declared.dtype if declared else lhs_info.dtype if lhs_info else (
+            rtype if rtype != "bool" or s.op == "=" else "int32")
         if first_def:
             kind = "output" if s.lhs in self.d.returns else "temp"
-            self.tensors[s.lhs] = TensorInfo(s.lhs, dtype, len(s.lhs_indices), kind, None,
-                                             s.span, k)
+            self.tensors[s.lhs] = TensorInfo(s.lhs, dtype, len(s.lhs_indices), kind,
+                                             declared.dims if declared else None, s.span, k)
+            if kind == "output" and s.op != "=" and not s.init:
+                self.inout.append(s.lhs)
         self.check_mixed_reduction(k, s)
-        cs = CheckedStmt(k, s, tuple(s.lhs_indices), red_vars, dtype, tuple(reads), (), where, ())
-        return cs, (s, index_vars, where, reads)
+        cs = CheckedStmt(k, s, tuple(s.lhs_indices), red_vars, dtype, tuple(reads), (), where, (),
+                         tuple(bound_reads))
+        return cs, (s, index_vars, where, reads, bound_reads)
+
+    def warn_uninitialised(self, s: A.Stmt) -> None:
+        """A non-initialising reduction into a tensor no earlier statement writes: as in the
+        original, it reduces into the tensor's contents (an output's are the caller's
+        ``outputs=`` values, else zeros; a temporary's are zeros)."""
+        where = ("the values passed with outputs=, or zeros" if s.lhs in self.d.returns
+                 else "zeros (it is a temporary)")
+        warnings.warn(TcWarning(f"in def {self.d.name}: {s.lhs} is reduced with {s.op} without "
+                                f"being initialised: it starts from {where}; use {s.op}! to "
+                                "start from the reduction's neutral element", s.span,
+                                self.source or None), stacklevel=4)
+
+    def check_narrowing(self, s: A.Stmt, rtype: str, weak: bool, declared: A.Param) -> None:
+        """A declared output type is never silently narrowed (write an explicit cast)."""
+        t = declared.dtype
+        if weak or rtype == t or rtype == "bool":
+            return
+        wider = (is_float(rtype) and not is_float(t)) or (
+            is_float(rtype) == is_float(t) and rank(rtype) > rank(t))
+        if wider:
+            raise self.err(TcTypeError, f"{s.lhs} is declared {t} but the right side has type "
+                           f"{rtype}; write an explicit cast, e.g. {t}(...)", s.span)
 
     def params(self) -> frozenset:
         return frozenset(self.sizes) | frozenset(self.scalars)
@@ -498,11 +654,13 @@ class _Checker:
         return [plans[k] for k in range(len(stmts))], tuple(order)
 
     def plan_stmt(self, info: tuple, sized: set, final: bool):
-        s, index_vars, where, reads = info
+        s, index_vars, where, reads, bound_reads = info
+        guarded = guards(s.rhs)
         accesses: list[Constraint] = []
-        for r in reads:
+        for r in reads + bound_reads:
             for dim, a in enumerate(r.args):
-                accesses.append(Constraint(r.name, dim, a, A.start_span(a)))
+                accesses.append(Constraint(r.name, dim, a, A.start_span(a),
+                                           guarded.get(id(r), ())))
         lhs_access = [Constraint(s.lhs, dim, A.Ident(v, sp), sp)
                       for dim, (v, sp) in enumerate(zip(s.lhs_indices, s.lhs_index_spans))]
         usable = [c for c in accesses if c.tensor in sized]
@@ -541,5 +699,4 @@ class _Checker:
         return self.first_use(s.rhs, v)
 
     def show(self, c: Constraint) -> str:
-        from .printer import expr_to_tc
         return f"{c.tensor}(...{expr_to_tc(c.expr)}...)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["TYPE_ALIASES", "canonical", "np_dtype", "c_type", "promote", "is_float", "is_int",
-           "from_np_dtype"]
+           "from_np_dtype", "rank"]
 
 # canonical name -> (numpy dtype, C type)
 _TYPES = {
@@ -29,19 +29,42 @@ _RANK = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
 
 
 def canonical(name: str) -> str | None:
-    """The canonical type name for ``name``, or None when it is not a TC scalar type."""
+    """The canonical type name for ``name``, or None when it is not a TC scalar type.
+
+    Example:
+        >>> canonical("long"), canonical("float16"), canonical("string")
+        ('int64', 'half', None)
+    """
     return TYPE_ALIASES.get(name)
 
 
 def np_dtype(t: str) -> np.dtype:
+    """The NumPy dtype of the canonical TC type ``t``.
+
+    Example:
+        >>> np_dtype("half"), np_dtype("int64")
+        (dtype('float16'), dtype('int64'))
+    """
     return np.dtype(_TYPES[t][0])
 
 
 def c_type(t: str) -> str:
+    """The C spelling of TC type ``t`` (aliases accepted).
+
+    Example:
+        >>> c_type("int"), c_type("double")
+        ('int32_t', 'double')
+    """
     return _TYPES[canonical(t)][1]
 
 
 def from_np_dtype(dtype) -> str | None:
+    """The canonical TC type of NumPy ``dtype``, or None when TC has no such type.
+
+    Example:
+        >>> from_np_dtype("float32"), from_np_dtype("complex64")
+        ('float', None)
+    """
     dtype = np.dtype(dtype)
     for name, (d, _) in _TYPES.items():
         if np.dtype(d) == dtype:
@@ -50,15 +73,42 @@ def from_np_dtype(dtype) -> str | None:
 
 
 def is_float(t: str) -> bool:
+    """Whether canonical type ``t`` is a floating-point type.
+
+    Example:
+        >>> is_float("half"), is_float("int32")
+        (True, False)
+    """
     return t in ("half", "float", "double")
 
 
 def is_int(t: str) -> bool:
+    """Whether canonical type ``t`` is an integer type (``bool`` is not).
+
+    Example:
+        >>> is_int("uint8"), is_int("bool")
+        (True, False)
+    """
     return t not in ("half", "float", "double", "bool")
 
 
+def rank(t: str) -> int:
+    """Position of ``t`` in the promotion order (a wider type has a larger rank).
+
+    Example:
+        >>> rank("int64") > rank("int32"), rank("half") > rank("uint64")
+        (True, True)
+    """
+    return _RANK.index(t)
+
+
 def promote(a: str, b: str) -> str:
-    """C-like arithmetic promotion (ints below int32 promote to int32, as in C)."""
+    """C-like arithmetic promotion (ints below int32 promote to int32, as in C).
+
+    Example:
+        >>> promote("int8", "int16"), promote("int64", "half")
+        ('int32', 'half')
+    """
     r = max(_RANK.index(a), _RANK.index(b))
     t = _RANK[r]
     if t in ("bool", "int8", "uint8", "int16", "uint16"):

@@ -40,9 +40,10 @@ from ..lang import ast as A
 from ..lang.ranges import Ranges
 from ..lang.sema import CheckedDef, CheckedStmt
 from ..options import MappingOptions
+from .contraction import has_contraction
 
 __all__ = ["PolyStmt", "PolyKernel", "build_kernel", "affine_to_isl", "isl_name", "annotate_cpu",
-           "reuse_tile_order", "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
+           "build_ast", "MARK_OMP", "MARK_SIMD", "MARK_SEQ"]
 
 MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
 
@@ -50,7 +51,16 @@ MARK_OMP, MARK_SIMD, MARK_SEQ = "omp", "simd", "seq"
 @dataclasses.dataclass(frozen=True)
 class PolyStmt:
     """One isl statement: ``kind`` is "init" (write the neutral element), "assign" (``=``)
-    or "update" (a reduction step ``lhs = lhs op rhs``)."""
+    or "update" (a reduction step ``lhs = lhs op rhs``).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def rs(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["rs"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3)}))
+        >>> [(s.name, s.kind, s.vars) for s in k.stmts]
+        [('S0_init', 'init', ('n',)), ('S0', 'update', ('n', 'k'))]
+    """
 
     name: str
     kind: str
@@ -61,6 +71,17 @@ class PolyStmt:
 
 @dataclasses.dataclass
 class PolyKernel:
+    """A TC definition lowered to isl at concrete sizes: statement domains, read and write access
+    relations, the original (source-order) schedule and the dependences between instances.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def rs(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["rs"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3)}))
+        >>> print(k.domain)
+        { S0_init[n] : 0 <= n <= 3; S0[n, k] : 0 <= n <= 3 and 0 <= k <= 2 }
+    """
     cdef: CheckedDef
     ranges: Ranges
     ctx: isl.Context
@@ -99,14 +120,25 @@ _ISL_KEYWORDS = {"and", "or", "not", "mod", "min", "max", "floor", "ceil", "exis
 
 
 def isl_name(name: str) -> str:
-    """The isl identifier of a TC tensor or index name (TC allows "2LUT", "mod", ...)."""
+    """The isl identifier of a TC tensor or index name (TC allows "2LUT", "mod", ...).
+
+    Example:
+        >>> isl_name("A"), isl_name("2LUT"), isl_name("mod")
+        ('A', '__tc_2LUT', '__tc_mod')
+    """
     if name[0].isdigit() or name in _ISL_KEYWORDS or name.startswith("__tc_"):
         return "__tc_" + name
     return name
 
 
 def affine_to_isl(e: A.Expr, consts: dict) -> str | None:
-    """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None."""
+    """isl text of an affine subscript (sizes and scalars replaced by ``consts``), or None.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.parser import parse_expr
+        >>> affine_to_isl(parse_expr("i + N - 1"), {"N": 4}), affine_to_isl(parse_expr("I(i)"), {})
+        ('((i + 4) - 1)', None)
+    """
     if isinstance(e, A.IntLit):
         return str(e.value)
     if isinstance(e, A.Ident):
@@ -133,7 +165,16 @@ def _box(names, ranges) -> str:
 
 
 def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
-    """Lower ``cdef`` at the sizes of ``ranges`` to isl objects (see module docstring)."""
+    """Lower ``cdef`` at the sizes of ``ranges`` to isl objects (see module docstring).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def sh(float(N) A) -> (B) "
+        ...                   "{ B(i) = A(i + 1) where i in 0:N-1 }")["sh"]
+        >>> print(build_kernel(d, infer_ranges(d, {"A": (5,)})).reads)
+        { S0[i] -> A[1 + i] : 0 <= i <= 3 }
+    """
     ctx = isl.Context()
     consts = dict(ranges.sizes)
     stmts: list[PolyStmt] = []
@@ -148,6 +189,8 @@ def build_kernel(cdef: CheckedDef, ranges: Ranges) -> PolyKernel:
             (f" : {bounds}" if bounds else "")
 
     def acc(tup, tensor, subs) -> str:
+        # arrays are indexed from 0: a tensor whose range starts at o is shifted by -o
+        subs = [x if not o else f"({x}) - {o}" for x, o in zip(subs, ranges.origin(tensor))]
         return f"{tup} -> {isl_name(tensor)}[{', '.join(subs)}]"
 
     for cs, sr in zip(cdef.stmts, ranges.stmt_ranges):
@@ -298,59 +341,40 @@ def _member_vars(member: isl.UnionPwAff, st: PolyStmt) -> set | None:
     return {v for v in st.vars if isl_name(v) in idents}
 
 
-def reuse_tile_order(node: isl.ScheduleNode, kernel: PolyKernel) -> isl.ScheduleNode:
-    """Reorder the tile loops of a just-tiled permutable band ``(..., i1, i2, r)`` (two parallel
-    members around a reduction) to ``(..., i2, r, i1)`` when every reduction statement reads an
-    operand that moves with ``i2`` and ``r`` but not ``i1`` (tmm's ``B(n, kk)``): the printer's
-    blocked kernel packs that operand's tile once per ``(i2, r)`` tile and reuses it for every
-    ``i1`` tile below (:meth:`~..codegen.c.CPrinter.emit_blocked`); the OpenMP loop becomes
-    ``i2``'s tile loop.  Any order of a permutable band's members is valid.
-    """
-    n = node.band_n_member()
-    if n < 3 or not node.band_get_permutable():
-        return node
-    coinc = [bool(node.band_member_get_coincident(i)) for i in range(n)]
-    if not (coinc[n - 3] and coinc[n - 2] and not coinc[n - 1]):
-        return node
-    mupa = node.band_get_partial_schedule()
-    reds = [s for s in kernel.stmts if s.kind == "update"]
-    for st in reds:
-        v1, v2, vr = (_member_vars(mupa.get_at(i), st) for i in (n - 3, n - 2, n - 1))
-        if not (v1 and v2 and vr):
-            return node
-        reads = [{x.name for a in r.args for x in A.walk(a) if isinstance(x, A.Ident)}
-                 for r in st.tc.reads]
-        if not any(u & v2 and u & vr and not u & v1 for u in reads):
-            return node
-    if not reds:
-        return node
-    perm = list(range(n - 3)) + [n - 2, n - 1, n - 3]
-    new = mupa
-    for i, j in enumerate(perm):
-        new = new.set_at(i, mupa.get_at(j))
-    node = node.delete().insert_partial_schedule(new).band_set_permutable(1)
-    for i, j in enumerate(perm):
-        node = node.band_member_set_coincident(i, coinc[j])
-    return node
-
-
 def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
                  kernel: PolyKernel | None = None) -> isl.Schedule:
     """Tile outermost permutable bands by ``options.tile`` and mark every loop for the printer.
 
     With ``kernel`` given and ``options.vectorize``, short-reduction TCs first get their vector
-    loop sunk innermost (:func:`sink_vector_loop`), and (``options.block``) fully tiled
-    contractions get their tile loops in reuse order (:func:`reuse_tile_order`).
+    loop sunk innermost (:func:`sink_vector_loop`); a TC with a contraction
+    (``poly/contraction.py``) keeps its bands untiled when ``options.block`` is set: the
+    printer's micro-kernel blocks the contraction for registers and caches itself.
     The first coincident loop of an outermost band gets the ``omp`` mark when
     ``options.parallel`` is set (only if no sequential loop is outside it), other coincident
     loops ``simd``, dependence-carrying loops ``seq``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def add(float(M,N) A, float(M,N) B) -> (C) "
+        ...                   "{ C(m,n) = A(m,n) + B(m,n) }")["add"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 8), "B": (4, 8)}))
+        >>> from tfx_vec.tc_ops.poly.mapping import schedule_for
+        >>> s = annotate_cpu(schedule_for(k, MappingOptions()), MappingOptions(), k)
+        >>> code = build_ast(k, s).to_C_str()
+        >>> code.split()[:2]          # the outer loop is marked for OpenMP, the inner for simd
+        ['//', 'omp']
     """
+    micro = kernel is not None and options.vectorize and options.block and \
+        has_contraction(kernel.cdef)
+
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.get_type() != isl.schedule_node_type.band:
             return node
         outer = node.get_schedule_depth() == 0
         n = node.band_n_member()
-        tile = options.tile
+        tile = () if micro else options.tile
         if outer and tile and (node.band_get_permutable() or n == 1):
             k = min(len(tile), n)
             if n > k:
@@ -360,18 +384,26 @@ def annotate_cpu(schedule: isl.Schedule, options: MappingOptions,
             for i in range(k):
                 mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), tile[i]))
             node = node.band_tile(mv)
-            if kernel is not None and k == n and options.vectorize and options.block:
-                node = reuse_tile_order(node, kernel)
         node, _ = _mark_chain(node, outer and options.parallel > 0)
         return node
 
-    if kernel is not None and options.vectorize:
+    if kernel is not None and options.vectorize and not micro:
         schedule = sink_vector_loop(schedule, kernel)
     return schedule.get_root().map_descendant_bottom_up(visit).get_schedule()
 
 
 def build_ast(kernel: PolyKernel, schedule: isl.Schedule) -> isl.AstNode:
-    """isl's AST for ``schedule``; loop iterators are named ``_c0``, ``_c1``, ..."""
+    """isl's AST for ``schedule``; loop iterators are named ``_c0``, ``_c1``, ...
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (3,)}))
+        >>> print(build_ast(k, k.identity_schedule()).to_C_str().strip())
+        for (int _c1 = 0; _c1 <= 2; _c1 += 1)
+          S0(_c1);
+    """
     ctx = kernel.ctx
     build = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }"))
     its = isl.IdList.alloc(ctx, 0)

@@ -1,6 +1,6 @@
 """GPU mapping of a scheduled TC (paper §5.3-5.5): tile, map to blocks and threads, promote.
 
-``map_to_gpu(kernel, options)`` takes T1's :class:`~.kernel.PolyKernel`, schedules it (isl's
+``map_to_gpu(kernel, options)`` takes the :class:`~.kernel.PolyKernel`, schedules it (isl's
 scheduler with the options' fusion strategy, or the identity schedule for ``naive()``) and
 returns a :class:`GpuMapping`: one :class:`GpuKernel` per schedule part (a single kernel when
 the outermost band covers every statement; the children of top-level sequence/set nodes, nested
@@ -48,8 +48,8 @@ from .kernel import PolyKernel
 from .promote import Promotion, promote_shared
 from .tile import tile_band
 
-__all__ = ["GpuKernel", "GpuMapping", "map_to_gpu", "schedule_for", "BLOCK_IDS", "THREAD_IDS",
-           "TileLoop"]
+__all__ = ["GpuKernel", "GpuMapping", "Launch", "map_to_gpu", "schedule_for", "BLOCK_IDS",
+           "THREAD_IDS", "TileLoop"]
 
 BLOCK_IDS = ("_b0", "_b1", "_b2")      # x, y, z: blockIdx / get_group_id
 THREAD_IDS = ("_t0", "_t1", "_t2")     # x, y, z: threadIdx / get_local_id
@@ -57,7 +57,21 @@ THREAD_IDS = ("_t0", "_t1", "_t2")     # x, y, z: threadIdx / get_local_id
 
 @dataclasses.dataclass(frozen=True)
 class TileLoop:
-    """An explicit tile loop: ``param`` over [0, extent), from ``start`` by ``step``."""
+    """An explicit tile loop: ``param`` over [0, extent), from ``start`` by ``step``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (32, 64)}))
+        >>> g = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16),
+        ...                                  use_shared_memory=True))
+        >>> g.kernels[0].tile_loops[0]     # the tiles of m, strided by the blocks
+        TileLoop(param='_T0', extent=4, start='_b0', step=4)
+    """
 
     param: str
     extent: int
@@ -67,7 +81,22 @@ class TileLoop:
 
 @dataclasses.dataclass
 class GpuKernel:
-    """One kernel launch: its mapped schedule, grid and block sizes (x first), promotions."""
+    """One kernel launch: its mapped schedule, grid and block sizes (x first), promotions.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (32, 64)}))
+        >>> g = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16),
+        ...                                  use_shared_memory=True))
+        >>> gk = g.kernels[0]
+        >>> gk.name, gk.block, [(p.tensor, p.sizes) for p in gk.promotions]
+        ('tc_mm_k0', (16, 16), [('A', (16, 8)), ('B', (8, 16))])
+    """
 
     name: str
     schedule: isl.Schedule
@@ -87,15 +116,72 @@ class GpuKernel:
         return f"[{', '.join(names)}] -> {{ : {' and '.join(ids) or 'true'} }}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch: global and local work sizes (x fastest), as OpenCL takes them; CUDA's
+    grid is ``global // local`` per dimension.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (4, 3), "B": (3, 5)}))
+        >>> map_to_gpu(k, MappingOptions(tile=(2, 2), map_to_threads=(2, 2),
+        ...                              map_to_blocks=(2, 2))).launches()
+        [Launch(kernel='tc_mm_k0', global_size=(4, 4), local_size=(2, 2))]
+    """
+
+    kernel: str
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+
+
 @dataclasses.dataclass
 class GpuMapping:
+    """A TC mapped to the GPU: its kernels, launched in order, under ``options``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def rs(float(N,K) A) -> (B) { B(n) +=! A(n,k) }")["rs"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 8)}))
+        >>> g = map_to_gpu(k, MappingOptions(tile=(16,), map_to_threads=(16,)))
+        >>> [gk.name for gk in g.kernels]
+        ['tc_rs_k0']
+    """
     kernel: PolyKernel
     options: MappingOptions
     kernels: list[GpuKernel]
 
+    def launches(self) -> list[Launch]:
+        """The kernels' launches in order, grid and block padded to one rank."""
+        out = []
+        for gk in self.kernels:
+            n = max(len(gk.grid), len(gk.block))
+            grid = tuple(gk.grid) + (1,) * (n - len(gk.grid))
+            block = tuple(gk.block) + (1,) * (n - len(gk.block))
+            out.append(Launch(gk.name, tuple(g * b for g, b in zip(grid, block)), block))
+        return out
+
 
 def schedule_for(kernel: PolyKernel, options: MappingOptions) -> isl.Schedule:
-    """The schedule the mapping starts from: identity for the naive options, else isl's."""
+    """The schedule the mapping starts from: identity for the naive options, else isl's.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def neg(float(N) A) -> (B) { B(i) = -A(i) }")["neg"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (3,)}))
+        >>> schedule_for(k, MappingOptions.naive()).get_root().child(0).get_type()
+        schedule_node_type.band
+    """
     if options == MappingOptions.naive():
         return kernel.identity_schedule()
     return kernel.isl_schedule(options)
@@ -245,7 +331,20 @@ def _map_part(kernel: PolyKernel, schedule: isl.Schedule, options: MappingOption
 
 def map_to_gpu(kernel: PolyKernel, options: MappingOptions,
                shared_budget: int = 48 * 1024) -> GpuMapping:
-    """Schedule, split into kernels, tile, map and promote ``kernel`` (see module docstring)."""
+    """Schedule, split into kernels, tile, map and promote ``kernel`` (see module docstring).
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def add(float(N) A, float(N) B) -> (C) "
+        ...                   "{ C(i) = A(i) + B(i) }")["add"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (100,), "B": (100,)}))
+        >>> gk = map_to_gpu(k, MappingOptions(tile=(32,), map_to_threads=(32,))).kernels[0]
+        >>> gk.grid, gk.block
+        ((4,), (32,))
+    """
     kernel.ctx.set_tile_scale_tile_loops(0)
     kernel.ctx.set_tile_shift_point_loops(1)
     schedule = schedule_for(kernel, options)

@@ -46,7 +46,22 @@ __all__ = ["Promotion", "promote_shared", "footprint_box", "coalesced"]
 
 @dataclasses.dataclass(frozen=True)
 class Promotion:
-    """A tensor copied to shared memory per tile: ``offsets`` are functions of the tile params."""
+    """A tensor copied to shared memory per tile: ``offsets`` are functions of the tile params.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (32, 64)}))
+        >>> p = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16),
+        ...                                  use_shared_memory=True)).kernels[0].promotions[0]
+        >>> p.tensor, p.dtype, p.sizes
+        ('A', 'float', (16, 8))
+    """
 
     tensor: str
     dtype: str
@@ -63,7 +78,15 @@ class Promotion:
 
 def footprint_box(footprint: isl.Set, context: isl.Set
                   ) -> tuple[tuple[isl.PwAff, ...], tuple[int, ...]] | None:
-    """(offsets, sizes) of the constant-size box covering the parametric ``footprint``."""
+    """(offsets, sizes) of the constant-size box covering the parametric ``footprint``.
+
+    Example:
+        >>> import islpy as isl
+        >>> offsets, sizes = footprint_box(isl.Set("[t] -> { A[i] : t <= i < t + 4 }"),
+        ...                                isl.Set("[t] -> { : 0 <= t < 100 }"))
+        >>> str(offsets[0]), sizes
+        ('[t] -> { [(t)] }', (4,))
+    """
     offsets, sizes = [], []
     for d in range(footprint.dim(isl.dim_type.set)):
         lo, hi = footprint.dim_min(d), footprint.dim_max(d)
@@ -80,6 +103,23 @@ def promote_shared(kernel: PolyKernel, tile_domain: isl.UnionSet, context: isl.S
     """The tensors to copy to shared memory for each tile (see module docstring).
 
     ``x_vars`` maps a statement to the position of its variable that thread x follows.
+
+    Example:
+        The GPU mapping calls it for each kernel with a tiled band
+        (``poly/mapping.py``); its result is the kernel's ``promotions``:
+
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> from tfx_vec.tc_ops.poly.mapping import map_to_gpu
+        >>> from tfx_vec.tc_ops.options import MappingOptions
+        >>> d = check_program("def mm(float(M,K) A, float(K,N) B) -> (C) "
+        ...                   "{ C(m,n) +=! A(m,k) * B(k,n) }")["mm"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (64, 32), "B": (32, 64)}))
+        >>> g = map_to_gpu(k, MappingOptions(tile=(16, 16, 8), map_to_threads=(16, 16),
+        ...                                  use_shared_memory=True), shared_budget=600)
+        >>> [p.tensor for p in g.kernels[0].promotions]      # one 512-byte tile fits in 600
+        ['A']
     """
     reads = kernel.reads.intersect_domain(kernel.domain)
     tile_reads = reads.intersect_domain(tile_domain)
@@ -116,6 +156,12 @@ def coalesced(acc: isl.UnionMap, x_vars: dict[str, int]) -> bool:
     and ``S[..v+1..]`` must differ by exactly 1 in the innermost subscript and 0 elsewhere.
     A statement with no such variable (x follows a combination, or nothing is mapped) counts
     as coalesced: promotion is then decided on reuse alone.
+
+    Example:
+        >>> import islpy as isl
+        >>> acc = isl.UnionMap("{ S[i, j] -> A[i, j] }")
+        >>> coalesced(acc, {"S": 1}), coalesced(acc, {"S": 0})   # thread x follows j, then i
+        (True, False)
     """
     maps = acc.get_map_list()
     for i in range(maps.n_map()):

@@ -29,6 +29,17 @@ def tile_band(node: isl.ScheduleNode, sizes) -> tuple[isl.ScheduleNode, int]:
 
     Returns (tile band node, number of members tiled).  The context of ``node`` must have
     ``tile_scale_tile_loops = 0`` and ``tile_shift_point_loops = 1``.
+
+    Example:
+        >>> from tfx_vec.tc_ops.lang.sema import check_program
+        >>> from tfx_vec.tc_ops.lang.ranges import infer_ranges
+        >>> from tfx_vec.tc_ops.poly.kernel import build_kernel
+        >>> d = check_program("def add(float(M,N) A) -> (B) { B(m,n) = A(m,n) + 1 }")["add"]
+        >>> k = build_kernel(d, infer_ranges(d, {"A": (32, 32)}))
+        >>> band = k.identity_schedule().get_root().child(0)
+        >>> node, tiled = tile_band(band, (8,))
+        >>> tiled, node.band_n_member()
+        (1, 1)
     """
     n = node.band_n_member()
     k = min(len(sizes), n)
