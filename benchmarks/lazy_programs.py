@@ -50,10 +50,11 @@ class Program:
 
     name = ""
     small_ops = True        # dominated by small ops (the issue's "3x eager" class)
+    batches = {"test": 8, "quick": 32, "bench": 64}
 
     def __init__(self, size: str = "test", seed: int = 0):
         self.size, self.seed = size, seed
-        self.batch = {"test": 8, "quick": 32, "bench": 64}[size]
+        self.batch = self.batches[size]
 
     def _rng(self, k: int = 0) -> np.random.Generator:
         return np.random.default_rng(self.seed * 1000 + k)
@@ -404,6 +405,92 @@ class RawConvnet(Program):
         return Run(step, lambda: params + [v.value for v in opt.variables])
 
 
+class ModuleMnistMlp(ModuleMlpAdam):
+    """The core MLP tutorial at its own size: 784-512-512-10 on batches of 128."""
+
+    name = "module_mlp_784"
+    small_ops = False
+    batches = {"test": 8, "quick": 64, "bench": 128}
+
+    def __init__(self, size="test", seed=0):
+        super().__init__(size, seed)
+        self.widths = {"test": [20, 16, 16, 10], "quick": [784, 256, 10],
+                       "bench": [784, 512, 512, 10]}[size]
+
+
+class KerasMnistMlp(KerasSequentialAdam):
+    """The Keras walkthrough's model at MNIST size: ``Sequential`` 784-512-512-10, Adam, an
+    accuracy metric, batches of 128."""
+
+    name = "keras_mlp_784"
+    small_ops = False
+    batches = {"test": 8, "quick": 64, "bench": 128}
+
+    def __init__(self, size="test", seed=0):
+        super().__init__(size, seed)
+        self.widths = {"test": [20, 16, 16, 10], "quick": [784, 256, 10],
+                       "bench": [784, 512, 512, 10]}[size]
+
+
+class KerasConvnet(Program):
+    """A Keras convnet on 28 x 28 images (two ``Conv2D`` + ``MaxPooling2D``, ``Dense``), Adam,
+    an accuracy metric, batches of 128."""
+
+    name = "keras_convnet"
+    small_ops = False
+    batches = {"test": 4, "quick": 32, "bench": 128}
+
+    def __init__(self, size="test", seed=0):
+        super().__init__(size, seed)
+        self.side, self.c1, self.c2 = {"test": (8, 4, 8), "quick": (28, 16, 32),
+                                       "bench": (28, 32, 64)}[size]
+
+    def arrays(self, steps):
+        rng = self._rng()
+        x = rng.normal(size=(steps * self.batch, self.side, self.side, 1)).astype(np.float32)
+        return x, (x.mean(axis=(1, 2, 3)) > 0).astype(np.int32) + 2 * (x[:, 0, 0, 0] > 0)
+
+    def make(self):
+        import keras
+        layers = keras.layers
+        model = keras.Sequential([
+            keras.Input((self.side, self.side, 1)),
+            layers.Conv2D(self.c1, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
+            layers.Conv2D(self.c2, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
+            layers.Flatten(), layers.Dense(4)])
+        _init(model.trainable_variables, self._rng(1), 0.2)
+        return _keras_run(model, keras.optimizers.Adam(0.005),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          keras.metrics.SparseCategoricalAccuracy())
+
+
+class KerasLSTM(Program):
+    """A Keras ``LSTM`` over sequences (20 steps of 16 features, 64 units), a ``Dense``
+    classifier, Adam, an accuracy metric."""
+
+    name = "keras_lstm"
+    small_ops = False
+
+    def __init__(self, size="test", seed=0):
+        super().__init__(size, seed)
+        self.steps, self.features, self.units = {"test": (5, 3, 6), "quick": (10, 8, 32),
+                                                 "bench": (20, 16, 64)}[size]
+
+    def arrays(self, steps):
+        rng = self._rng()
+        x = rng.normal(size=(steps * self.batch, self.steps, self.features)).astype(np.float32)
+        return x, (x[:, :, 0].sum(axis=1) > 0).astype(np.int32) + 2 * (x[:, -1, -1] > 0)
+
+    def make(self):
+        import keras
+        model = keras.Sequential([keras.Input((self.steps, self.features)),
+                                  keras.layers.LSTM(self.units), keras.layers.Dense(4)])
+        _init(model.trainable_variables, self._rng(1), 0.3)
+        return _keras_run(model, keras.optimizers.Adam(0.01),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          keras.metrics.SparseCategoricalAccuracy())
+
+
 class OptimizersTutorial(Program):
     """The optimizers tutorial: hand-written gradient descent with momentum on a convex
     function, stopped by a Python ``while`` on the loss value read every step."""
@@ -445,7 +532,8 @@ class OptimizersTutorial(Program):
 
 PROGRAMS: dict[str, type[Program]] = {p.name: p for p in (
     GuideLinear, ModuleMlpAdam, LogisticRegression, KerasSequentialAdam, KerasSubclassedBN,
-    KerasFunctional, RawConvnet, OptimizersTutorial)}
+    KerasFunctional, RawConvnet, OptimizersTutorial, ModuleMnistMlp, KerasMnistMlp, KerasConvnet,
+    KerasLSTM)}
 # }}}
 
 

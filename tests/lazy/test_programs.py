@@ -43,6 +43,8 @@ def test_program_trains_to_eager_losses_and_weights(name):
     assert compiles[-1] == compiles[WARM_UP - 1], (compiles, lazy.metrics_report())
     assert m["tape_recorded"] >= STEPS and not [k for k in m if k.startswith("tape_eager")]
     assert m["executions"] >= STEPS
+    if name.startswith("keras"):   # the model, the loss and the metric: one node each
+        assert m["units_recorded"] >= 2 * STEPS, m
 
 
 @pytest.mark.parametrize("name", ["keras_sequential_adam", "module_mlp_adam"])

@@ -52,35 +52,46 @@ _tokens = itertools.count()
 
 class CallSpec:
     """A recordable call: ``fn(inputs)`` replayed with ``variables`` pointed at the program's
-    resources; the node's outputs are the variables' values after it."""
+    resources; the node's outputs are ``fn``'s flat outputs (``outs``: their (shape, dtype)),
+    then the values after it of the variables at the ``assigned`` positions."""
 
-    __slots__ = ("fn", "variables", "__weakref__")
+    __slots__ = ("fn", "variables", "outs", "assigned", "__weakref__")
 
-    def __init__(self, fn: Callable[[list], Any], variables: list):
+    def __init__(self, fn: Callable[[list], Any], variables: list, outs: tuple = (),
+                 assigned: tuple | None = None):
         self.fn = fn
         self.variables = variables   # tf.Variables, in the node's order
+        self.outs = outs
+        self.assigned = tuple(range(len(variables))) if assigned is None else assigned
 
 
 CALLS: "weakref.WeakValueDictionary[int, CallSpec]" = weakref.WeakValueDictionary()
 
 
-def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> None:
-    """Record ``spec`` on input nodes; substitute each variable state by its new value.
+def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> list:
+    """Record ``spec`` on input nodes; returns the nodes of its outputs and substitutes each
+    assigned variable state by its new value.
 
     The node's inputs are the call's own, then each variable's ``var`` leaf (its resource in the
     program), then its current value (a pending update is written before the call).
     """
     base = Node("call", tuple(inputs) + tuple(s._read for s in states) +
                 tuple(s._node for s in states), (token, len(inputs)), None, None)
-    for i, s in enumerate(states):
-        s.assign(Node("out", (base,), (i,), s.shape, s.dtype), "a recorded call")
+    outs = [Node("out", (base,), (i,), shape, dtype) for i, (shape, dtype) in
+            enumerate(spec.outs)]
+    k = len(outs)
+    for i in spec.assigned:
+        s = states[i]
+        s.assign(Node("out", (base,), (k,), s.shape, s.dtype), "a recorded call")
+        k += 1
     metrics.bump("calls_recorded")
+    return outs
 
 
 def replay_call(token: int, args: list, resources: list, current: list) -> list:
     """Inside the program's trace: write the variables' ``current`` values (``None``: the
     resource holds it already), run the call on ``args`` with their handles pointed at
-    ``resources``, and return their new values."""
+    ``resources``, and return its outputs, then the new values of the assigned variables."""
     from .lowering import assign_variable, read_variable
     spec = CALLS.get(token)
     if spec is None:
@@ -92,11 +103,13 @@ def replay_call(token: int, args: list, resources: list, current: list) -> list:
     try:
         for v, r in zip(spec.variables, resources):
             v._handle = r
-        spec.fn(args)
+        outs = spec.fn(args)
     finally:
         for v, h in zip(spec.variables, saved):
             v._handle = h
-    return [read_variable(r, v.dtype) for v, r in zip(spec.variables, resources)]
+    variables = spec.variables
+    return list(outs or ()) + [read_variable(resources[i], variables[i].dtype)
+                               for i in spec.assigned]
 
 
 # {{{ Keras optimizers
@@ -129,13 +142,19 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
         if type(p) is not LazyTensor:
             return "a gradient that is not a lazy tensor"
         nodes.append(p._node)
+    all_vars = kvars + list(optimizer.variables)
+    ids = tuple(map(id, all_vars))
+    known = optimizer.__dict__.get("_tfx_vec_lazy_states")
+    if known is not None and known[0] == ids:   # the same variables as last time (kept alive)
+        return nodes, known[2], known[3], kvars
     states, tf_vars = [], []
-    for v in kvars + list(optimizer.variables):
+    for v in all_vars:
         tfv, state = _state_of(v)
         if state is None:
             return "a variable off the lazy device"
         states.append(state)
         tf_vars.append(tfv)
+    optimizer.__dict__["_tfx_vec_lazy_states"] = (ids, all_vars, states, tf_vars)
     return nodes, states, tf_vars, kvars
 
 
@@ -154,7 +173,10 @@ def _apply(original: Callable) -> Callable:
         cache = self.__dict__.setdefault("_tfx_vec_lazy_calls", {})
         hit = cache.get(key)
         if hit is None:
-            spec = CallSpec(lambda args, kv=kvars: original(self, list(args), kv), tf_vars)
+            def update(args: list, kv: list = kvars) -> tuple:
+                original(self, list(args), kv)
+                return ()
+            spec = CallSpec(update, tf_vars)
             hit = cache[key] = (next(_tokens), spec)
             CALLS[hit[0]] = spec
         record_call(hit[1], hit[0], nodes, states)

@@ -54,7 +54,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import errors_impl, ops
 from tensorflow.python.ops import handle_data_util
 
-from . import calls, ir, metrics, raw, runtime, tape_capture
+from . import calls, ir, metrics, raw, runtime, tape_capture, units
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
@@ -101,6 +101,7 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
+        runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
 
 
@@ -122,6 +123,7 @@ def device() -> Iterator[None]:
     runtime.check_no_strategy("lazy.device() entered")
     _register()
     calls.install_keras()
+    units.install()
     with ops.device(DEVICE_NAME):
         yield
 
@@ -171,6 +173,8 @@ class DeviceVariable:
 
     def assign(self, node: Node, what: str) -> None:
         self._check(node, what)
+        if units.PROBES:
+            units.note_assign(self)
         self._node = node
         self.initialized = True
         self.last_assign = next(ir.serials)
@@ -189,6 +193,7 @@ class DeviceVariable:
 
 def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     runtime.check_no_strategy("a variable was created on the lazy device")
+    units.taint("a variable was created")
     (handle,) = _host_run(cap, [], HOST)
     amap = raw.attr_map(attrs)
     dtype = tf.as_dtype(amap["dtype"].type)
@@ -219,6 +224,8 @@ def _on_variable(handler: Any) -> Any:
 
 @_on_variable
 def _read_variable(op_type: str, attrs: bytes, state: tuple, cap: Any) -> list:
+    if units.PROBES:
+        units.note_read(state[0])
     return [_spec(LazyTensor(state[0]._node))]
 
 
@@ -227,6 +234,8 @@ def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     state = inputs[0]
     new = _node_of(inputs[1])
     if op_type != "AssignVariableOp":
+        if units.PROBES:
+            units.note_read(state)
         what = "AddV2" if op_type == "AssignAddVariableOp" else "Sub"
         state._check(new, op_type)
         (new,) = _record(raw.describe(what, _t_attrs(state.dtype), 2), [state._node, new])
@@ -474,6 +483,7 @@ _DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetN
 def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str) -> list:
     """Run the op on the host, as eager TensorFlow would, after forcing its lazy inputs."""
     tape_capture.taint_recording(f"{kind} op {op.type}")
+    units.taint(f"a {kind} op {op.type}")
     if kind == "fallback":
         runtime.count_fallback(op.type, reason)
     else:

@@ -55,10 +55,11 @@ def assign_variable(var: Any, value: tf.Tensor) -> None:
         gen_resource_variable_ops.assign_variable_op(var, value)
 
 
-def _grad(tape: tf.GradientTape, entry: tuple, values: list) -> list:
+def _grad(tape: tf.GradientTape, entry: tuple, values: list, handles: dict) -> list:
     n_src, n_og, _ = entry[1]
     idx = entry[3]
-    target, sources = values[idx[0]], [values[j] for j in idx[1:1 + n_src]]
+    target = values[idx[0]]
+    sources = [handles[j] if j in handles else values[j] for j in idx[1:1 + n_src]]
     og = [values[j] for j in idx[1 + n_src:]] or None
     grads = tape.gradient(target, sources, output_gradients=og,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -101,6 +102,7 @@ def build(key: tuple, jit: bool = True) -> Callable:
 
     def replay(data: list, scalars: tf.Tensor, variables: list) -> list:
         values: list[Any] = [None] * len(entries)
+        handles: dict = {}   # var entry -> its resource, where a gradient's source is a variable
         di = si = vi = 0
         tapes = {g: tf.GradientTape(persistent=True) for g in grads}
         with contextlib.ExitStack() as active:
@@ -118,6 +120,13 @@ def build(key: tuple, jit: bool = True) -> Callable:
                     di += 1
                 elif op == "var":
                     v = None
+                    if i in watch and not isinstance(variables[vi], tf.Variable):
+                        # A variable source is differentiated through its resource, as
+                        # TensorFlow does: every read of it in the window counts, those of a
+                        # replayed library call (calls.py) included.
+                        handles[i] = variables[vi]
+                        for g in watch[i]:
+                            tapes[g].watch(variables[vi])
                     if i in read:
                         v = read_variable(variables[vi], tf.as_dtype(e[1][1]))
                         if not isinstance(variables[vi], tf.Variable):
@@ -133,7 +142,7 @@ def build(key: tuple, jit: bool = True) -> Callable:
                     v = values[e[3][0]][e[1][0]]
                 elif op == "grad":
                     with paused:
-                        v = _grad(tapes[i], e, values)
+                        v = _grad(tapes[i], e, values, handles)
                 elif op == "call":   # a library call (calls.py) on the program's variables
                     token, n_in = e[1]
                     n_var = (len(e[3]) - n_in) // 2
@@ -155,8 +164,9 @@ def build(key: tuple, jit: bool = True) -> Callable:
                             from err
                     if e[2] is None:
                         v = tf.nest.flatten(v)
-                for g in watch.get(i, ()):
-                    tapes[g].watch(v)
+                if i not in handles:
+                    for g in watch.get(i, ()):
+                        tapes[g].watch(v)
                 values[i] = v
         for var_i, val_i in assigns:
             assign_variable(variables[var_pos[var_i]], values[val_i])

@@ -94,6 +94,8 @@ def taint_live(reason: str) -> None:
 # {{{ the hooks
 
 def _push_new_tape(persistent: bool = False, watch_accessed_variables: bool = True) -> Any:
+    from . import units
+    units.taint("a gradient tape")
     t = _original["push_new_tape"](persistent, watch_accessed_variables)
     state = _states[id(t)] = TapeState()
     while len(_states) > _MAX_TAPES:   # a tape gone long ago: its gradient runs eagerly
@@ -131,12 +133,16 @@ def _watch(t: Any, tensor: Any) -> None:
 
 
 def _record_operation(*args: Any, **kwargs: Any) -> Any:
+    from . import units
+    units.taint("a custom gradient or tf.function call")
     if _recording:
         taint_recording("a custom gradient or tf.function call")
     return _original["record_operation"](*args, **kwargs)
 
 
 def _record_operation_backprop_only(*args: Any, **kwargs: Any) -> Any:
+    from . import units
+    units.taint("a custom gradient or tf.function call")
     if _recording:
         taint_recording("a custom gradient or tf.function call")
     return _original["record_operation_backprop_only"](*args, **kwargs)
@@ -145,6 +151,8 @@ def _record_operation_backprop_only(*args: Any, **kwargs: Any) -> Any:
 def _imperative_grad(tape: Any, target: list, sources: list, output_gradients: Any = None,
                      sources_raw: Any = None,
                      unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> list:
+    from . import units
+    units.taint("a gradient")
     plan = _plan(tape, target, sources, output_gradients)
     if isinstance(plan, str):
         if plan:

@@ -1,0 +1,167 @@
+"""Keras calls recorded as one node (``units.py``): exact against eager, never stale.
+
+A layer's or model's call, a loss and a metric update become one node once a probe shows the
+replay is exact; a change of the Python state of any layer inside makes the next call a probe
+again; what cannot be replayed runs op by op, counted with the reason; a gradient through a
+unit that has to run op by op is the unit's own vector-Jacobian product, or a clear error.
+"""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfx_vec import lazy
+from tfx_vec.lazy.errors import LazyGradientError
+
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(6, 4)).astype(np.float32)
+Y = RNG.normal(size=(6, 3)).astype(np.float32)
+
+
+def _weights(model, seed=1):
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        v.assign(rng.normal(0, 0.5, v.shape).astype(np.float32))
+
+
+def _both(run):
+    """``run(lazy_mode)`` eagerly, then inside ``lazy.device()``; both results."""
+    eager = run(False)
+    lazy.reset_metrics()
+    with lazy.device():
+        lazy_result = run(True)
+    return eager, lazy_result, lazy.metrics()
+
+
+def test_python_state_changes_make_a_new_probe_never_a_stale_replay():
+    """An activation swapped, a BatchNormalization frozen (``trainable``), a layer counting its
+    calls in an attribute: each call computes what eager computes."""
+    class Counting(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def call(self, x):
+            self.calls += 1
+            return x * float(self.calls)
+
+    def run(in_lazy):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+                                  keras.layers.BatchNormalization()])
+        counting = keras.Sequential([keras.Input((4,)), Counting()])
+        _weights(model)
+        out = []
+        for step in range(7):
+            if step == 3:
+                model.layers[0].activation = keras.activations.tanh
+            if step == 5:
+                model.layers[1].trainable = False
+            y, z = model(X, training=True), counting(X)
+            if in_lazy:
+                lazy.mark_step()
+            out += [y.numpy(), z.numpy()]
+        return out + [v.numpy() for v in model.weights]
+
+    eager, lazy_out, m = _both(run)
+    for a, b in zip(eager, lazy_out):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert m["unit_eager::python state changed"] >= 2, m
+    assert m["unit_eager::the call changes the Python state of a layer"] >= 6, m
+    assert m["units_recorded"] >= 2, m    # the first model between its changes, never the other
+
+
+def test_loss_metric_and_model_units_match_eager_and_stop_probing():
+    def run(in_lazy):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"),
+                                  keras.layers.Dense(3)])
+        _weights(model)
+        loss_fn, mae = keras.losses.MeanSquaredError(), keras.metrics.MeanAbsoluteError()
+        opt = keras.optimizers.Adam(0.05)
+        losses = []
+        for _ in range(5):
+            with tf.GradientTape() as tape:
+                pred = model(X, training=True)
+                loss = loss_fn(Y, pred)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            mae.update_state(Y, pred)
+            mae.update_state(Y, 2.0 * pred)   # a second update in the step: reads the first
+            if in_lazy:
+                lazy.mark_step()
+            losses.append(float(loss))
+        return losses + [float(mae.result())] + [v.numpy() for v in model.weights]
+
+    eager, lazy_out, m = _both(run)
+    for a, b in zip(eager, lazy_out):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert m["units_recorded"] >= 4 * 3, m            # model, loss, two metric updates
+    assert m["unit_probes"] <= 4, m                   # one per signature
+    assert not [k for k in m if k.startswith(("tape_eager", "fallback"))], m
+
+
+def test_what_cannot_be_replayed_runs_op_by_op_with_a_reason():
+    """A layer adding losses (activity regularizer), a Python float argument, an output with a
+    Keras mask: op by op, counted, equal to eager; code outside the scope stays eager."""
+    def run(in_lazy):
+        reg = keras.Sequential([keras.Input((4,)),
+                                keras.layers.Dense(2, activity_regularizer="l2")])
+        masking = keras.layers.Masking(mask_value=0.0)
+        loss_fn = keras.losses.MeanSquaredError()
+        _weights(reg)
+        out = []
+        for _ in range(3):
+            out.append(reg(X).numpy())
+            out.append(float(reg.losses[-1]))
+            out.append(float(loss_fn(Y, X[:, :3], sample_weight=0.5)))
+            out.append(masking(X).numpy())
+        return out
+
+    eager, lazy_out, m = _both(run)
+    for a, b in zip(eager, lazy_out):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert m.get("unit_eager::a layer adds losses", 0) + m.get(
+        "unit_eager::the call changes the Python state of a layer", 0) >= 1, m
+    assert m["unit_eager::a Python float argument (it would be baked)"] >= 1, m
+    assert m["unit_eager::an output carries a Keras mask"] >= 1, m
+    mean = keras.metrics.Mean()      # the device is registered, but this is eager code
+    for v in (1.0, 2.0, 3.0):
+        mean.update_state(v)
+    assert float(mean.result()) == 2.0 and int(mean.count.numpy()) == 3
+
+
+def test_a_gradient_through_a_unit_run_op_by_op_is_the_units_own():
+    """A value read inside the tape stops the gradient from being recorded as one node:
+    TensorFlow's backward then runs, and the model call recorded as one node contributes its
+    vector-Jacobian product (itself one node).  A call that updates variables cannot be
+    differentiated afterwards: a clear error."""
+    def run(in_lazy):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"),
+                                  keras.layers.Dense(3)])
+        _weights(model)
+        seen = []
+        for _ in range(4):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(X) - Y) ** 2)
+                seen.append(float(loss))          # a value read inside the tape
+            grads = tape.gradient(loss, model.trainable_variables)
+            for g, v in zip(grads, model.trainable_variables):
+                v.assign_sub(0.1 * g)
+            if in_lazy:
+                lazy.mark_step()
+        return seen + [v.numpy() for v in model.weights]
+
+    eager, lazy_out, m = _both(run)
+    for a, b in zip(eager, lazy_out):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert m["unit_vjps"] >= 1 and m["tape_eager::a value was read"] >= 1, m
+
+    with lazy.device():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                  keras.layers.BatchNormalization()])
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(X, training=True))
+                float(loss)
+            lazy.mark_step()
+        with pytest.raises(LazyGradientError, match="record_calls=False"):
+            tape.gradient(loss, model.trainable_variables)
