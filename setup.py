@@ -53,7 +53,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["tfx_vec", "tfx_vec.*"]),
     # The TF custom op's C++ source is compiled at run time against the installed TensorFlow.
-    package_data={"tfx_vec.tc_ops": ["tf_op/*.cc", "tf_op/*.h"]},
+    package_data={"tfx_vec.tc_ops": ["tf_op/*.cc", "tf_op/*.h"], "tfx_vec.lazy": ["*.cc"]},
     install_requires=_INSTALL,
     extras_require={
         "test": _TEST,

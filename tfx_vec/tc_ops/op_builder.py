@@ -114,8 +114,9 @@ class CudaLaunchSpec:
     ``block[k]`` threads (x, y, z), each taking one device pointer per buffer: the inputs, the
     outputs, then one scratch buffer of ``temp_bytes[i]`` bytes per TC temporary.
 
-    Example (made without a GPU; it needs ``nvcc``)::
+    Example::
 
+        # made without a GPU; it needs nvcc
         f = tc_ops.define(TMM, "tmm", backend="cuda")
         spec = f.cuda_spec(A, B)
         spec.kernels, spec.grid, spec.block      # what the op launches
