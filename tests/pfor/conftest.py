@@ -16,3 +16,11 @@ def _fast_function_instantiation():
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     yield
     tf.config.optimizer.set_experimental_options(old)
+
+
+@pytest.fixture
+def grappler_on():
+    """Grappler's rewrites back on (constant folding, loop optimizer) for a test that checks
+    the vectorized graph survives them; the autouse fixture above restores the options."""
+    import tensorflow as tf
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})

@@ -235,3 +235,35 @@ def test_per_example_gradients_take_any_structure_of_variables():
     assert zeros[1].shape == (5,) and not zeros[1].numpy().any()
 
 # }}}
+
+
+def test_per_example_gradients_and_jacobian_of_keras_variables():
+    """Keras 3 variables (not ``tf.Variable``) are differentiated through the TensorFlow
+    variable each holds; the structure handed in is the structure returned."""
+    import keras
+    rng = np.random.default_rng(7)
+    model = keras.Sequential([keras.Input([4]), keras.layers.Dense(3, activation="tanh"),
+                              keras.layers.Dense(1)])
+    x = tf.constant(random_array(rng, [5, 4], np.float32))
+    y = tf.constant(random_array(rng, [5, 1], np.float32))
+
+    def loss_fn(example):
+        xi, yi = example
+        return tf.reduce_sum(tf.square(model(xi[None])[0] - yi))
+
+    variables = model.trainable_variables
+    assert not isinstance(variables[0], tf.Variable)
+    ours = G.per_example_gradients(loss_fn, variables, (x, y))
+    assert isinstance(ours, list) and len(ours) == len(variables)
+    for i in range(5):
+        with tf.GradientTape() as tape:
+            loss = loss_fn((x[i], y[i]))
+        refs = tape.gradient(loss, [v.value for v in variables])
+        for got, ref in zip(ours, refs):
+            np.testing.assert_allclose(got[i].numpy(), ref.numpy(), rtol=1e-4, atol=1e-6)
+    kernel = variables[0]
+    with tf.GradientTape(persistent=True) as tape:
+        out = model(x)
+    jac = G.jacobian(out, kernel, tape=tape)
+    ref = tape.jacobian(out, kernel.value, experimental_use_pfor=False)
+    np.testing.assert_allclose(jac.numpy(), ref.numpy(), rtol=1e-4, atol=1e-6)

@@ -52,3 +52,32 @@ def test_an_op_on_a_stacked_list_without_a_converter_cannot_fall_back():
         with pytest.raises(tfx_vec.VectorizationError,
                            match="TensorListConcatLists.*per-iteration loop cannot split"):
             tfx_vec.pfor(loop_fn, 2, fallback_to_while_loop=fallback)
+
+
+@pytest.mark.parametrize("per_iteration_list", [False, True])
+def test_items_set_in_a_while_loop_of_per_iteration_trip_count_survive_grappler(
+        grappler_on, per_iteration_list):
+    """The active rows shrink as iterations finish: Grappler's constant folding must not
+    pin their number (or the list's row map) to the loop's entry value."""
+    def loop_fn(i):
+        last = i * 3 if per_iteration_list else 24
+        h = list_ops.tensor_list_from_tensor([20, 21, 22, 23, last], [])
+        _, h = tf.while_loop(lambda j, _: j < i,
+                             lambda j, h: (j + 1, list_ops.tensor_list_set_item(h, j, i + j)),
+                             (0, h))
+        return list_ops.tensor_list_stack(h, tf.int32)
+    check_pfor(loop_fn, 5, modes=("function", "dynamic"))
+
+
+def test_list_of_unknown_element_shape_from_an_invariant_loop_into_a_per_iteration_loop():
+    """The invariant loop is copied out of the body; its list output keeps its element dtype."""
+    def loop_fn(i):
+        h = list_ops.tensor_list_reserve(None, 4, tf.int32)
+        _, h = tf.while_loop(lambda j, _: j < 4,
+                             lambda j, h: (j + 1, list_ops.tensor_list_set_item(h, j, j + 7)),
+                             (0, h))
+        _, h = tf.while_loop(lambda j, _: j < i,
+                             lambda j, h: (j + 1, list_ops.tensor_list_set_item(h, j, i * j)),
+                             (0, h))
+        return list_ops.tensor_list_stack(h, tf.int32)
+    check_pfor(loop_fn, 4, modes=("eager", "function"))

@@ -63,6 +63,17 @@ def _spec(t) -> tf.TensorSpec:
 # }}}
 
 
+def _tf_sources(sources: Any) -> list:
+    """``sources`` flattened, a Keras 3 variable replaced by the ``tf.Variable`` it holds
+    (``GradientTape.watch`` and ``gradient`` take only TensorFlow's own)."""
+    def unwrap(v):
+        if isinstance(v, (tf.Variable, tf.Tensor)):
+            return v
+        inner = getattr(v, "value", None)
+        return inner if isinstance(inner, tf.Variable) else v
+    return [unwrap(v) for v in tf.nest.flatten(sources)]
+
+
 def _zeros_for_none(grads: Sequence[Any], sources: Sequence[Any]) -> list[tf.Tensor]:
     return [tf.zeros_like(s) if g is None else tf.convert_to_tensor(g)
             for g, s in zip(grads, sources)]
@@ -193,7 +204,7 @@ def _gradient_fn(target, tape):
 def _reverse_jacobian(target, sources, tape, *, use_pfor, parallel_iterations,
                       fallback_to_while_loop, unconnected):
     target = tf.convert_to_tensor(target)
-    flat = tf.nest.flatten(sources)
+    flat = _tf_sources(sources)
     wanted = [k for k, s in enumerate(flat) if _differentiable(s, "jacobian")]
     grad = _gradient_fn(target, tape)
     y_shape = tf.shape(target)
@@ -419,7 +430,7 @@ def per_example_gradients(loss_fn: Callable[[Any], tf.Tensor], variables: Any,
       TensorShape([5, 2])
     """
     unconnected = _check_unconnected(unconnected_gradients)
-    flat_vars = tf.nest.flatten(variables)
+    flat_vars = _tf_sources(variables)
     if not flat_vars:
         raise ValueError("per_example_gradients needs at least one variable")
     leaves = tf.nest.flatten(batch)

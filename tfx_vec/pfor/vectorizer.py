@@ -35,6 +35,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
 
 from tfx_vec.pfor import converters as _converters  # noqa: F401  (registers converters)
 from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
@@ -236,6 +237,8 @@ class Vectorizer:
         any_stacked = any(w.is_stacked for w in inputs)
         if not any_stacked and (not stateful or self._invariant_stateful_ok(op, converter)):
             outs = create_op_like(op, [w.t for w in inputs])
+            for old, new in zip(op.outputs, outs):  # a list's element dtype and shape
+                handle_data_util.copy_handle_data(old, new)
             result = [WrappedTensor(t, False) for t in outs]
         else:
             result, reason = None, None

@@ -428,3 +428,29 @@ def loop_len_static(x: ConversionInput) -> int | None:
     """The number of iterations if it is known when the graph is built."""
     v = static_value(x.loop_len)
     return None if v is None else int(v)
+
+
+def positions_of(t: tf.Tensor) -> tf.Tensor:
+    """``[0, 1, ..., len(t) - 1]`` (int32) computed from ``t``'s values, not its length.
+
+    Inside a loop whose variables change length (the active rows of a while loop with a
+    loop-variant trip count), ``tf.range(tf.size(t))`` lets Grappler's constant folding pin
+    the length to the loop's entry value; this form keeps it tied to ``t``.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> positions_of(tf.constant([7, 3, 9])).numpy().tolist()
+        [0, 1, 2]
+    """
+    return tf.math.cumsum(tf.ones_like(t, dtype=tf.int32), exclusive=True)
+
+
+def where_positions(mask: tf.Tensor) -> tf.Tensor:
+    """The positions of the true entries of a ``[m]`` bool ``mask`` (int32 ``[k]``).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> where_positions(tf.constant([True, False, True])).numpy().tolist()
+        [0, 2]
+    """
+    return tf.reshape(tf.cast(tf.where(mask), tf.int32), [-1])

@@ -37,7 +37,7 @@ from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
-from tfx_vec.pfor.converters._helpers import create_op_like
+from tfx_vec.pfor.converters._helpers import create_op_like, where_positions
 from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, aligned_entry,
                                            counted_parts, handle_dtype, layout_of,
                                            list_element_shape,
@@ -602,8 +602,8 @@ class _While:
             return flat
 
         def compact(c, rows, vars_, tas_):
-            done_pos, keep_pos = tf.dynamic_partition(tf.range(tf.size(rows)),
-                                                      tf.cast(c, tf.int32), 2)
+            # (not a dynamic_partition of range(m): see helpers.positions_of)
+            done_pos, keep_pos = where_positions(tf.logical_not(c)), where_positions(c)
             done_rows = tf.gather(rows, done_pos)
             new_tas = []
             for j, ta in zip(tracked, tas_):

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_list_ops, handle_data_util, list_ops
 
+from tfx_vec.pfor.converters._helpers import positions_of
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
@@ -326,7 +327,7 @@ def _to_buffer_rows(x: ConversionInput, values: tf.Tensor, rows: tf.Tensor | Non
     if source is None or source.graph is not graph:
         m = tf.size(rows)
         source = cache[key] = tf.tensor_scatter_nd_update(
-            tf.fill(tf.reshape(n_rows, [1]), m), tf.expand_dims(rows, 1), tf.range(m))
+            tf.fill(tf.reshape(n_rows, [1]), m), tf.expand_dims(rows, 1), positions_of(rows))
     return tf.gather(tf.concat([values, tf.zeros_like(values[:1])], 0), source)
 
 
