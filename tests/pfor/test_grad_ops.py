@@ -15,6 +15,8 @@ import tensorflow as tf
 import tfx_vec
 
 from tests.pfor.oracle import check_op, check_pfor
+from tfx_vec.pfor.converters import grad_ops
+from tfx_vec.pfor.converters.nn_ops import grouped_gradient_kernels
 from tests.pfor.test_nn_ops import RNG, check_channels_first, gathered, rand, together
 
 R = tf.raw_ops
@@ -128,9 +130,22 @@ def test_channels_first_conv_backprops():
 
 
 def test_grouped_conv2d_backprop():
+    """A grouped convolution's own gradients: TensorFlow's CPU kernels take them only with
+    oneDNN, XLA always, so without oneDNN the loop and its reference run under XLA."""
     conv = lambda x, f: tf.nn.conv2d(x, f, 1, "VALID")  # noqa: E731
+    modes = "rotate" if grouped_gradient_kernels() else ("xla",)
     check_op(vjp(conv), [rand(1, 4, 4, 4), rand(2, 2, 2, 6), rand(1, 3, 3, 6)],
-             rtol=1e-4, atol=1e-4)
+             rtol=1e-4, atol=1e-4, modes=modes)
+
+
+def test_per_iteration_filter_backprops_without_grouped_kernels(monkeypatch):
+    """The formulations used where TensorFlow's CPU kernels take no grouped gradients (a
+    block-diagonal filter, filter gradients from patches), forced on any build."""
+    monkeypatch.setattr(grad_ops, "grouped_gradient_kernels", lambda: False)
+    conv = lambda x, f: tf.nn.conv2d(x, f, [1, 2, 1, 1], "SAME")  # noqa: E731
+    check_op(vjp(conv), [rand(2, 5, 4, 3), rand(3, 2, 3, 4), rand(2, 3, 4, 4)],
+             rtol=1e-4, atol=1e-4, combos=[(True, True, True), (False, True, True)],
+             modes=("eager", "function", "dynamic"))
 
 
 def test_conv3d_backprop():

@@ -44,8 +44,8 @@ import tensorflow as tf
 from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch, same_shape, stacked
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
                                            conv_patches, fold_emit, fold_into_channels,
-                                           scale_dim,
-                                           static_dim, unfold_from_channels)
+                                           grouped_gradient_kernels, scale_dim, static_dim,
+                                           unfold_from_channels)
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor
 
@@ -142,6 +142,13 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
         # dx[..., (i, ci)] = sum_co dy[..., co] * F_i[..., ci, co]: n*ci input channels.
         out = lay.emit([new_sizes, fold_into_channels(filt, spatial),
                         lay.images(x.input(2).t, False)])
+    elif grouped_ok and not (x.vectorizer.xla or grouped_gradient_kernels()):
+        if not _one_group(lay.channels(x.op.outputs[0]), static_dim(filt, -2)):
+            return None
+        # Iteration i's filter on the diagonal of one [k..., n*ci, n*co] filter: n times the
+        # work of a grouped kernel, but an ungrouped kernel every CPU build has.
+        out = lay.emit([new_sizes, _block_diagonal(filt, spatial, n),
+                        fold_into_channels(lay.images(x.stacked_input(2), True), c)])
     elif grouped_ok:
         pairs = lay.take_explicit_padding()
         if pairs is not None:  # transposed VALID convolution, then crop the padding
@@ -153,6 +160,16 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
     else:
         return None
     return [WrappedTensor(lay.result(unfold_from_channels(out, c, n, sizes[c])), True)]
+
+
+def _block_diagonal(filt: tf.Tensor, spatial: int, n: tf.Tensor) -> tf.Tensor:
+    """``[n, k..., ci, co] -> [k..., n*ci, n*co]`` with filter i in block (i, i), zeros
+    elsewhere: one ungrouped convolution that acts as ``n`` groups."""
+    eye = tf.eye(n, dtype=filt.dtype)
+    blocks = tf.einsum("ij,i...cd->...icjd", eye, filt)                 # [k..., n, ci, n, co]
+    shape = tf.shape(blocks)
+    return tf.reshape(blocks, tf.concat([shape[:spatial], [shape[spatial] * shape[spatial + 1],
+                                         shape[spatial + 2] * shape[spatial + 3]]], 0))
 
 
 def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
@@ -173,9 +190,12 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([fold_into_channels(lay.images(images.t, True), c),
                         scale_dim(sizes, spatial, n), lay.images(dy.t, False)])
         return [WrappedTensor(unfold_from_channels(out, spatial, n, sizes[-2]), True)]
-    if not grouped_ok or x.vectorizer.xla:
-        # XLA's CPU grouped filter gradients are hundreds of times slower than one matmul.
+    if one_group and (not grouped_ok or x.vectorizer.xla or not grouped_gradient_kernels()):
+        # XLA's CPU grouped filter gradients are hundreds of times slower than one matmul,
+        # and TensorFlow's CPU kernels take groups only with oneDNN.
         return _conv_backprop_filter_by_patches(x, lay)
+    if not grouped_ok or not (x.vectorizer.xla or grouped_gradient_kernels()):
+        return None     # a grouped convolution's own gradient, which this build cannot run
     images = lay.padded_images(lay.images(x.stacked_input(0), True))
     out = lay.emit([fold_into_channels(images, c), scale_dim(sizes, spatial + 1, n),
                     fold_into_channels(lay.images(x.stacked_input(2), True), c)])

@@ -315,6 +315,22 @@ def static_dim(t: tf.Tensor, axis: int) -> int | None:
         return None
     return t.shape[axis]
 
+
+@functools.lru_cache(maxsize=None)
+def grouped_gradient_kernels() -> bool:
+    """Do TensorFlow's CPU kernels take grouped convolution gradients?
+
+    Only its oneDNN kernels do, and TensorFlow turns those on by itself only on some x86 CPUs
+    (or with ``TF_ENABLE_ONEDNN_OPTS=1``); without them a grouped ``Conv2DBackpropInput`` or
+    ``Conv2DBackpropFilter`` fails at run time.  The converters then emit formulations every
+    kernel runs.  (GPUs run both, but a graph's device is not known when it is converted.)
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return False
+
 # }}}
 
 
@@ -516,15 +532,27 @@ def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[Wrapped
         return None
     c = _bn_channel_axis(x, rank)
     n = x.loop_len
+    workspace = _BN_WORKSPACE.get(x.op.type, (None, None))
     inputs = [fold_into_channels(x.stacked_input(i), c) for i in range(n_images)]
-    inputs += [tf.reshape(x.stacked_input(i), [-1]) for i in range(n_images, len(x.inputs))]
+    inputs += [x.input(i).t if i == workspace[0] and not x.is_stacked(i)
+               else tf.reshape(x.stacked_input(i), [-1])
+               for i in range(n_images, len(x.inputs))]
     outs = create_op_like(x.op, inputs)
     channels = x.op.inputs[0].shape[c]
     if channels is None:
         channels = tf.shape(x.stacked_input(0))[c + 1]
     first = unfold_from_channels(outs[0], c, n, channels)
-    return stacked(first, *[split_leading(o, n, like)
-                            for o, like in zip(outs[1:], x.op.outputs[1:])])
+    return [WrappedTensor(first, True)] + [
+        WrappedTensor(o, False) if k == workspace[1] else WrappedTensor(split_leading(o, n, like),
+                                                                        True)
+        for k, (o, like) in enumerate(zip(outs[1:], x.op.outputs[1:]), 1)]
+
+
+#: ``op type -> (input index, output index)`` of the V3 ops' opaque workspace
+#: (``reserve_space_3``): a scalar on CPU without oneDNN, a oneDNN buffer otherwise.  The folded
+#: forward op's workspace belongs to the folded computation as a whole, so it stays one
+#: (loop-invariant) value that the folded gradient op takes as it is.
+_BN_WORKSPACE = {"FusedBatchNormV3": (None, 5), "FusedBatchNormGradV3": (5, None)}
 
 
 @converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
