@@ -160,6 +160,9 @@ class Vectorizer:
         #: For each converted op without outputs (a side effect), the ops emitted for it.
         self.side_effects: dict[tf.Operation, list[tf.Operation]] = {}
         self._inherited: dict[tf.Operation, frozenset] = {}
+        #: True when this conversion is one chunk of a sequential loop over chunks of the
+        #: iterations (``pfor(..., parallel_iterations=k)``): its ops run once per chunk.
+        self.chunked = False
 
     # {{{ graph walk
 
