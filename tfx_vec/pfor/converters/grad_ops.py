@@ -39,9 +39,13 @@ Example:
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch, same_shape, stacked
+from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
+                                             move_axis, same_shape, stacked)
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
                                            conv_patches, fold_emit, fold_into_channels,
                                            scale_dim,
@@ -143,16 +147,68 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([new_sizes, fold_into_channels(filt, spatial),
                         lay.images(x.input(2).t, False)])
     elif grouped_ok:
+        if grouped_conv_gradients_run():
+            filters = fold_into_channels(filt, spatial + 1)
+        else:
+            filters = _block_diagonal(x, filt, spatial)
+            if filters is None:
+                return None
         pairs = lay.take_explicit_padding()
         if pairs is not None:  # transposed VALID convolution, then crop the padding
             new_sizes += tf.constant([a + b for a, b in pairs], new_sizes.dtype)
-        out = lay.emit([new_sizes, fold_into_channels(filt, spatial + 1),
+        out = lay.emit([new_sizes, filters,
                         fold_into_channels(lay.images(x.stacked_input(2), True), c)])
         if pairs is not None:
             out = tf.slice(out, [a for a, _ in pairs], tf.shape(out) - [a + b for a, b in pairs])
     else:
         return None
     return [WrappedTensor(lay.result(unfold_from_channels(out, c, n, sizes[c])), True)]
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_conv_gradients_run() -> bool:
+    """Whether the default device's ``Conv2DBackpropFilter`` and ``Conv2DBackpropInput``
+    compute grouped convolutions (input channels a multiple of the filter's): TensorFlow's
+    CPU kernels do only with oneDNN, which it enables by default on some CPUs only.
+
+    Example:
+        >>> isinstance(grouped_conv_gradients_run(), bool)
+        True
+    """
+    with tf.Graph().as_default():
+        args = dict(strides=[1, 1, 1, 1], padding="VALID")
+        dy = tf.ones([1, 2, 2, 2])
+        grads = [tf.raw_ops.Conv2DBackpropFilter(input=tf.ones([1, 2, 2, 2]),
+                                                 filter_sizes=[1, 1, 1, 2], out_backprop=dy,
+                                                 **args),
+                 tf.raw_ops.Conv2DBackpropInput(input_sizes=[1, 2, 2, 2],
+                                                filter=tf.ones([1, 1, 1, 2]), out_backprop=dy,
+                                                **args)]
+        try:
+            with tf.compat.v1.Session() as sess:
+                return [g.shape for g in sess.run(grads)] == [(1, 1, 1, 2), (1, 2, 2, 2)]
+        except tf.errors.OpError:
+            return False
+
+
+#: Largest block-diagonal filter (elements) built where grouped kernels do not run.
+_BLOCK_DIAGONAL_LIMIT = 1 << 24
+
+
+def _block_diagonal(x: ConversionInput, filt: tf.Tensor, spatial: int) -> tf.Tensor | None:
+    """``[n, k..., ci, co]`` per-iteration filters -> ``[k..., n*ci, n*co]``, block ``(i, i)``
+    iteration i's filter: the grouped convolution as an ungrouped one (None: too large, or
+    of unknown size)."""
+    n_static, dims = loop_len_static(x), filt.shape.as_list()[1:]
+    if None in dims or (n_static or 1) ** 2 * int(np.prod(dims)) > _BLOCK_DIAGONAL_LIMIT:
+        return None
+    n = x.loop_len
+    moved = move_axis(filt, 0, spatial)                                # [k..., n, ci, co]
+    eye = tf.reshape(tf.eye(n, dtype=filt.dtype), tf.stack([n, 1, n, 1]))
+    blocks = tf.expand_dims(moved, -2) * eye                           # [k..., n, ci, n, co]
+    out = tf.reshape(blocks, tf.concat([dims[:-2], [n * dims[-2], n * dims[-1]]], 0))
+    out.set_shape(dims[:-2] + [None if n_static is None else n_static * d for d in dims[-2:]])
+    return out
 
 
 def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
@@ -173,7 +229,7 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([fold_into_channels(lay.images(images.t, True), c),
                         scale_dim(sizes, spatial, n), lay.images(dy.t, False)])
         return [WrappedTensor(unfold_from_channels(out, spatial, n, sizes[-2]), True)]
-    if not grouped_ok or x.vectorizer.xla:
+    if not grouped_ok or x.vectorizer.xla or not grouped_conv_gradients_run():
         # XLA's CPU grouped filter gradients are hundreds of times slower than one matmul.
         return _conv_backprop_filter_by_patches(x, lay)
     images = lay.padded_images(lay.images(x.stacked_input(0), True))

@@ -179,8 +179,16 @@ def split_leading(t: tf.Tensor, n: tf.Tensor, like: tf.Tensor | None = None) -> 
     n = tf.reshape(tf.cast(n, tf.int32), [1])
     if like is not None and like.shape.is_fully_defined():
         return tf.reshape(t, tf.concat([n, like.shape.as_list()], 0))
-    shape = tf.shape(t)
-    return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
+    # An opaque scalar (a batch norm's reserve space where the kernel keeps none) is the
+    # same for every iteration.
+    scalar = lambda: tf.fill(n, tf.reshape(t, []))  # noqa: E731
+
+    def split():
+        shape = tf.shape(t)
+        return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
+    if t.shape.rank is None:
+        return tf.cond(tf.equal(tf.rank(t), 0), scalar, split)
+    return scalar() if t.shape.rank == 0 else split()
 
 
 class ChannelsLast:
