@@ -138,3 +138,17 @@ def test_stack_under_a_loop_variant_cond_is_an_error(rng):
                        lambda: xi)
     with pytest.raises(tfx_vec.VectorizationError, match="lock step"):
         tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False)
+
+
+def test_stack_under_a_masked_cond_under_xla_is_an_error(rng):
+    x = tf.constant(rng.normal(size=(3,)), tf.float32)
+
+    def loop_fn(i):
+        s = stacks.stack_v2(max_size=1, elem_type=tf.float32)
+        xi = tf.gather(x, i)
+        return tf.cond(xi > 0, lambda: _pop_n(s, 1, stacks.stack_push_v2(s, xi))[0],
+                       lambda: xi)
+    run = tf.function(lambda: tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False),
+                      jit_compile=True, autograph=False)
+    with pytest.raises(tfx_vec.VectorizationError, match="StackPushV2.*lock step"):
+        run()

@@ -162,6 +162,9 @@ class Vectorizer:
         #: True when this conversion is one chunk of a sequential loop over chunks of the
         #: iterations (``pfor(..., parallel_iterations=k)``): its ops run once per chunk.
         self.chunked = False
+        #: How many masked forms (under XLA: every branch / the loop body run on all
+        #: iterations, the inactive ones' results discarded) the current conversion is in.
+        self.masked_depth = 0
 
     # {{{ graph walk
 

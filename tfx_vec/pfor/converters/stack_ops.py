@@ -14,8 +14,8 @@ There is no array of stacks, so all iterations share one stack and push/pop in l
   the iterations are vectorized in chunks (``parallel_iterations``), where every chunk
   would pop again;
 - stack ops under control flow whose iterations are split by the loop index (a loop-variant
-  ``tf.cond`` predicate or ``tf.while_loop`` condition) are an error: the iterations would
-  no longer push and pop in lock step.
+  ``tf.cond`` predicate or ``tf.while_loop`` condition, partitioned or, under XLA, masked)
+  are an error: the iterations would no longer push and pop in lock step.
 
 Example:
     >>> import tensorflow as tf, tfx_vec
@@ -49,7 +49,7 @@ def _stack_op(x: ConversionInput) -> tf.Operation:
     """The ``StackV2`` op (in the emitted graph) behind the handle ``x`` pushes to or pops."""
     if x.is_stacked(0):
         raise x.error("a stack handle that depends on the loop index cannot be vectorized")
-    if x.loop_len is not x.vectorizer.loop_len:
+    if x.loop_len is not x.vectorizer.loop_len or x.vectorizer.masked_depth:
         raise x.error("a stack pushed or popped under control flow whose iterations depend on "
                       "the loop index (a loop-variant tf.cond predicate or while condition) "
                       "cannot be vectorized: the iterations would not push and pop in lock "

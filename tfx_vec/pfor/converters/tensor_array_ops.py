@@ -64,6 +64,11 @@ def _per_iteration_array(x: ConversionInput, handle: tf.Tensor) -> bool:
 
 
 def _shared_position(x: ConversionInput, i: int) -> tf.Tensor:
+    if x.loop_len is not x.vectorizer.loop_len or x.vectorizer.masked_depth:
+        raise x.error("a gradient TensorArray used under control flow whose iterations depend "
+                      "on the loop index (a loop-variant tf.cond predicate or while "
+                      "condition) cannot be vectorized: every iteration must read and write it "
+                      "in lock step")
     if x.is_stacked(i):
         raise x.error("reading or writing a gradient TensorArray at positions that depend on "
                       "the loop index cannot be vectorized: every iteration must use the "
