@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfx_vec
 
-from tests.pfor.oracle import check_op, check_pfor
+from tests.pfor.oracle import check_op, check_pfor, skip_unless_kernel_runs
 from tests.pfor.test_nn_ops import RNG, check_channels_first, gathered, rand, together
 
 R = tf.raw_ops
@@ -29,17 +29,6 @@ def vjp(forward):
             y = forward(*xs)
         return tape.gradient(y, xs, output_gradients=dy)
     return op
-
-
-def skip_unless_kernel_runs(fn, *args):
-    """Skip where TensorFlow's own kernel for the per-iteration reference does not run on
-    this device (CPU builds without oneDNN lack dilated and grouped convolution gradients)."""
-    try:
-        fn(*[tf.constant(a) for a in args])
-    except tf.errors.InvalidArgumentError as e:
-        if "support" not in e.message:
-            raise
-        pytest.skip(f"the reference kernel does not run here: {e.message[:120]}")
 
 
 # {{{ single kernels
