@@ -179,16 +179,8 @@ def split_leading(t: tf.Tensor, n: tf.Tensor, like: tf.Tensor | None = None) -> 
     n = tf.reshape(tf.cast(n, tf.int32), [1])
     if like is not None and like.shape.is_fully_defined():
         return tf.reshape(t, tf.concat([n, like.shape.as_list()], 0))
-    # An opaque scalar (a batch norm's reserve space where the kernel keeps none) is the
-    # same for every iteration.
-    scalar = lambda: tf.fill(n, tf.reshape(t, []))  # noqa: E731
-
-    def split():
-        shape = tf.shape(t)
-        return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
-    if t.shape.rank is None:
-        return tf.cond(tf.equal(tf.rank(t), 0), scalar, split)
-    return scalar() if t.shape.rank == 0 else split()
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.concat([n, [shape[0] // tf.maximum(n[0], 1)], shape[1:]], 0))
 
 
 class ChannelsLast:
@@ -531,8 +523,20 @@ def batch_norm_channel_folded(x: ConversionInput, n_images: int) -> list[Wrapped
     if channels is None:
         channels = tf.shape(x.stacked_input(0))[c + 1]
     first = unfold_from_channels(outs[0], c, n, channels)
-    return stacked(first, *[split_leading(o, n, like)
+    return stacked(first, *[_split_statistic(x, o, like)
                             for o, like in zip(outs[1:], x.op.outputs[1:])])
+
+
+def _split_statistic(x: ConversionInput, t: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+    """:func:`split_leading` of a batch norm's per-channel output; a reserve space the
+    kernel leaves a scalar (CPU kernels without oneDNN) is the same for every iteration."""
+    scalar = lambda: tf.fill(tf.reshape(x.loop_len, [1]), tf.reshape(t, []))  # noqa: E731
+    if t.shape.rank == 0:
+        return scalar()
+    if t.shape.rank is None and not x.vectorizer.xla:  # (XLA compiles both branches)
+        return tf.cond(tf.equal(tf.rank(t), 0), scalar,
+                       lambda: split_leading(t, x.loop_len, like))
+    return split_leading(t, x.loop_len, like)
 
 
 @converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
