@@ -68,6 +68,38 @@ def test_config_reductions():
     np.testing.assert_allclose(got.numpy(), xv - xv.mean(0), rtol=1e-5, atol=1e-6)
 
 
+def test_config_reductions_in_while_conditions_in_every_mode():
+    """A reduction in a loop's condition makes the trip count loop-invariant: the loop runs,
+    in lock step, until no iteration is active (the body masks the finished ones)."""
+    x = arr(4, 6)
+    lengths = tf.constant(R.integers(0, 7, size=4), tf.int32)
+
+    def loop_fn(i, config):
+        row, length = tf.gather(x, i), tf.gather(lengths, i)
+
+        def body(active, j, total):
+            active = tf.logical_and(active, j < length)
+            step = tf.gather(row, tf.minimum(j, 5))
+            return active, tf.where(active, j + 1, j), tf.where(active, total + step, total)
+        _, steps, total = tf.while_loop(
+            lambda active, *_: tf.reduce_any(config.reduce_concat(active)), body,
+            [True, 0, 0.0])
+        doubled, = tf.while_loop(lambda t: config.reduce_sum(t) < 50.0, lambda t: t * 2.0,
+                                [tf.abs(row[0]) + 0.5])
+        return steps, total, doubled
+
+    xv, lv = x.numpy(), lengths.numpy()
+    doubled = np.abs(xv[:, 0]) + 0.5
+    while doubled.sum() < 50.0:
+        doubled = doubled * 2.0
+    want = (lv, np.array([xv[k, :lv[k]].sum() for k in range(4)], np.float32),
+            doubled.astype(np.float32))
+    run = lambda: tfx_vec.pfor(loop_fn, 4, fallback_to_while_loop=False)
+    for mode, got in [("eager", run()), ("function", tf.function(run)()),
+                      ("xla", tf.function(run, jit_compile=True)())]:
+        assert_all_close(tuple(got), want, 1e-5, 1e-5, mode)
+
+
 def test_repeated_eager_calls_do_not_retrace():
     x = arr(4, 3)
     before = tfx_vec.pfor.cache_stats()["traces"]

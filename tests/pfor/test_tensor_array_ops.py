@@ -57,3 +57,55 @@ def test_per_iteration_values_at_one_position_are_an_error():
         with pytest.raises(tfx_vec.VectorizationError, match="TensorArrayWriteV3.*same position"):
             tfx_vec.pfor(lambda i: R.TensorArrayWriteV3(
                 handle=ta, index=0, value=tf.cast(i, tf.float32), flow_in=flow), 2)
+
+
+@pytest.fixture
+def tf1_arrays():
+    """TF1 control flow: ``tf.TensorArray`` in a graph is a resource TensorArray."""
+    was_v2 = tf.compat.v1.control_flow_v2_enabled()
+    tf.compat.v1.disable_control_flow_v2()
+    yield
+    if was_v2:
+        tf.compat.v1.enable_control_flow_v2()
+
+
+def _gradients_per_iteration(seed, through_array):
+    """Per iteration ``i``: d(row i of ``sin(x) * w`` times ``v[i]``)/dx, with ``x`` passed
+    through a TensorArray (``unstack``/``stack``/``read``) or not (the reference)."""
+    rng = np.random.default_rng(seed)
+    xv = rng.normal(size=(3, 2)).astype(np.float32)
+    wv = rng.normal(size=(3, 2)).astype(np.float32)
+    vv = rng.normal(size=(4, 2)).astype(np.float32)
+    with tf.Graph().as_default():
+        x, w, v = tf.constant(xv), tf.constant(wv), tf.constant(vv)
+        if through_array:
+            ta = tf.TensorArray(tf.float32, 3, clear_after_read=False).unstack(x)
+            y, second = tf.sin(ta.stack()) * w, ta.read(1)
+        else:
+            y, second = tf.sin(x) * w, x[1]
+
+        def loop_fn(i):
+            vi = tf.gather(v, i)
+            target = tf.reduce_sum(tf.gather(y, i % 3) * vi) + tf.reduce_sum(second * vi)
+            return tf.gradients(target, x)[0]
+        if through_array:
+            out = tfx_vec.pfor(loop_fn, 4, fallback_to_while_loop=False)
+            assert "TensorArrayGradWithShape" in {op.type for op in out.graph.get_operations()}
+        else:
+            out = tf.stack([loop_fn(tf.constant(i)) for i in range(4)])
+        with tf.compat.v1.Session() as sess:
+            return sess.run(out)
+
+
+def test_gradients_through_an_array_made_outside_are_per_iteration(tf1_arrays):
+    got = _gradients_per_iteration(7, through_array=True)
+    want = _gradients_per_iteration(7, through_array=False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_of_a_read_at_a_per_iteration_position_is_an_error(tf1_arrays):
+    with tf.Graph().as_default():
+        x = tf.constant(np.random.default_rng(5).normal(size=(3,)), tf.float32)
+        ta = tf.TensorArray(tf.float32, 3, clear_after_read=False).unstack(x)
+        with pytest.raises(tfx_vec.VectorizationError, match="same positions"):
+            tfx_vec.pfor(lambda i: tf.gradients(ta.read(i) ** 2, x)[0], 3)

@@ -264,12 +264,14 @@ def _place(w: WrappedTensor, original: tf.Tensor, ax, loop_len, n_static) -> tf.
     return t
 
 
-def _convert(traced: trace.TracedBody, bound: Sequence[WrappedTensor], loop_len, options):
+def _convert(traced: trace.TracedBody, bound: Sequence[WrappedTensor], loop_len, options,
+             chunked: bool = False):
     """The vectorized outputs, and the ops emitted for each returned ``tf.Operation``."""
     fallback, parallel_iterations, randomness = options
     vec = Vectorizer(loop_len, fallback_to_while_loop=fallback,
                      parallel_iterations=parallel_iterations, randomness=randomness,
                      xla=in_xla_context(), reductions=traced.reductions)
+    vec.chunked = chunked
     outs = vec.convert_graph(traced.graph, list(bound) + traced.capture_inputs())
     # A returned op stands for every side effect of the body (what running it implies).
     effects = [op for ops in vec.side_effects.values() for op in ops]
@@ -291,7 +293,7 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
     def run(start, size):
         sliced = [WrappedTensor(_rows(w.t, start, size), True) if w.is_stacked else w
                   for w in bound]
-        outs, side = _convert(traced, sliced, size, options)
+        outs, side = _convert(traced, sliced, size, options, chunked=True)
         with tf.control_dependencies([op for ops in side for op in ops]):
             outs = [tf.identity(w.t if w.is_stacked else tile_to_stacked(w.t, size))
                     for w in outs]

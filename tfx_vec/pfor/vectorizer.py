@@ -154,12 +154,17 @@ class Vectorizer:
         self.randomness = randomness
         self.xla = xla
         self.reductions = dict(reductions or {})
-        self._reduced: dict[Reduction, list[tf.Tensor]] = {}
         #: (op type, source line) of every op of this conversion that fell back to a loop.
         self.fallbacks: list[tuple[str, str | None]] = []
         #: For each converted op without outputs (a side effect), the ops emitted for it.
         self.side_effects: dict[tf.Operation, list[tf.Operation]] = {}
         self._inherited: dict[tf.Operation, frozenset] = {}
+        #: True when this conversion is one chunk of a sequential loop over chunks of the
+        #: iterations (``pfor(..., parallel_iterations=k)``): its ops run once per chunk.
+        self.chunked = False
+        #: How many masked forms (under XLA: every branch / the loop body run on all
+        #: iterations, the inactive ones' results discarded) the current conversion is in.
+        self.masked_depth = 0
 
     # {{{ graph walk
 
@@ -261,14 +266,17 @@ class Vectorizer:
         if entry is None:
             raise op_error(op, f"placeholder {op.name} of the loop body is not bound to a value")
         red, k = entry
-        if red not in self._reduced:  # fn runs once for all of its outputs
+        # fn runs once per conversion of the graph holding the reduction, for all of its
+        # outputs: a reduction in a while loop's condition is recomputed by every conversion
+        # of that condition (a dry run's scratch graph, then the loop's own condition).
+        key = ("pfor_reduction", id(red))
+        if key not in env:
             stacked = []
             for v in red.values:
                 w = env[v.ref()]
                 stacked.append(w.t if w.is_stacked else tile_to_stacked(w.t, loop_len))
-            self._reduced[red] = [tf.convert_to_tensor(o)
-                                  for o in tf.nest.flatten(red.fn(*stacked))]
-        env[op.outputs[0].ref()] = WrappedTensor(self._reduced[red][k], False)
+            env[key] = [tf.convert_to_tensor(o) for o in tf.nest.flatten(red.fn(*stacked))]
+        env[op.outputs[0].ref()] = WrappedTensor(env[key][k], False)
 
     def _call_converter(self, converter, op, inputs, loop_len):
         """(outputs or None, why the converter declined)."""

@@ -324,13 +324,25 @@ def align_ranks(x: ConversionInput, indices: Sequence[int] | None = None) -> lis
     """
     idx = list(range(len(x.inputs))) if indices is None else list(indices)
     ranks = [per_iteration_rank(x.inputs[i]) for i in idx]
-    if any(r is None for r in ranks):
-        return None
+    if any(r is None for r in ranks):  # (e.g. a value popped from a stack): at run time
+        return _align_ranks_dynamic([x.inputs[i] for i in idx])
     max_rank = max(ranks)
     out = []
     for i, r in zip(idx, ranks):
         w = x.inputs[i]
         out.append(expand_after_batch(w.t, max_rank - r) if w.is_stacked else w.t)
+    return out
+
+
+def _align_ranks_dynamic(inputs: Sequence[WrappedTensor]) -> list[tf.Tensor]:
+    """:func:`align_ranks` for inputs of unknown rank: singleton axes inserted at run time."""
+    ranks = [tf.rank(w.t) - 1 if w.is_stacked else tf.rank(w.t) for w in inputs]
+    max_rank = tf.reduce_max(tf.stack(ranks))
+    out = []
+    for w, r in zip(inputs, ranks):
+        shape = tf.shape(w.t)
+        out.append(tf.reshape(w.t, tf.concat([shape[:1], tf.ones([max_rank - r], tf.int32),
+                                              shape[1:]], 0)) if w.is_stacked else w.t)
     return out
 
 

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -285,8 +286,20 @@ def _partitioned_conditional(x, index, graphs, args):
             for parts in zip(*results)] if results and results[0] else []
 
 
+@contextlib.contextmanager
+def _masked_form(x: ConversionInput):
+    """Marks conversions whose ops also run for iterations whose results are discarded
+    (converters of stateful ops check ``masked_depth``)."""
+    x.vectorizer.masked_depth += 1
+    try:
+        yield
+    finally:
+        x.vectorizer.masked_depth -= 1
+
+
 def _masked_conditional(x, index, graphs, args):
-    outs = [_convert(x, g, args, x.loop_len) for g in graphs]
+    with _masked_form(x):
+        outs = [_convert(x, g, args, x.loop_len) for g in graphs]
     merged = outs[-1]
     for b in range(len(graphs) - 2, -1, -1):
         mask = tf.equal(index, b)
@@ -555,11 +568,13 @@ class _While:
                       for a, b, f in zip(new, flat, carried_flags)]
             return [active & active_of(merged)] + merged
 
-        init = self._init(flags)
-        outs = tf.while_loop(lambda active, *_: tf.reduce_any(active), body,
-                             [active_of(init)] + init,
-                             shape_invariants=[tf.TensorShape([None])] + self._invariants(flags),
-                             parallel_iterations=self.parallel_iterations)
+        with _masked_form(self.x):
+            init = self._init(flags)
+            outs = tf.while_loop(lambda active, *_: tf.reduce_any(active), body,
+                                 [active_of(init)] + init,
+                                 shape_invariants=[tf.TensorShape([None])]
+                                 + self._invariants(flags),
+                                 parallel_iterations=self.parallel_iterations)
         return self._values(outs[1:], flags)
 
     def partitioned(self, flags):

@@ -39,9 +39,11 @@ Example:
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch, same_shape, stacked
+from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
+                                             same_shape, stacked)
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
                                            conv_patches, fold_emit, fold_into_channels,
                                            grouped_gradient_kernels, scale_dim, static_dim,
@@ -143,11 +145,11 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([new_sizes, fold_into_channels(filt, spatial),
                         lay.images(x.input(2).t, False)])
     elif grouped_ok and not (x.vectorizer.xla or grouped_gradient_kernels()):
-        if not _one_group(lay.channels(x.op.outputs[0]), static_dim(filt, -2)):
+        filters = _block_diagonal(x, filt, spatial)
+        if filters is None or not _one_group(lay.channels(x.op.outputs[0]),
+                                             static_dim(filt, -2)):
             return None
-        # Iteration i's filter on the diagonal of one [k..., n*ci, n*co] filter: n times the
-        # work of a grouped kernel, but an ungrouped kernel every CPU build has.
-        out = lay.emit([new_sizes, _block_diagonal(filt, spatial, n),
+        out = lay.emit([new_sizes, filters,
                         fold_into_channels(lay.images(x.stacked_input(2), True), c)])
     elif grouped_ok:
         pairs = lay.take_explicit_padding()
@@ -162,14 +164,24 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
     return [WrappedTensor(lay.result(unfold_from_channels(out, c, n, sizes[c])), True)]
 
 
-def _block_diagonal(filt: tf.Tensor, spatial: int, n: tf.Tensor) -> tf.Tensor:
-    """``[n, k..., ci, co] -> [k..., n*ci, n*co]`` with filter i in block (i, i), zeros
-    elsewhere: one ungrouped convolution that acts as ``n`` groups."""
-    eye = tf.eye(n, dtype=filt.dtype)
+#: Largest block-diagonal filter (elements) built where grouped kernels do not run.
+_BLOCK_DIAGONAL_LIMIT = 1 << 24
+
+
+def _block_diagonal(x: ConversionInput, filt: tf.Tensor, spatial: int) -> tf.Tensor | None:
+    """``[n, k..., ci, co]`` per-iteration filters -> ``[k..., n*ci, n*co]`` with filter i in
+    block ``(i, i)``: ``n`` groups as one ungrouped convolution, which every CPU build runs, at
+    ``n`` times a grouped kernel's work (None: too large, or of unknown size)."""
+    n_static, dims = loop_len_static(x), filt.shape.as_list()[1:]
+    if None in dims or (n_static or 1) ** 2 * int(np.prod(dims)) > _BLOCK_DIAGONAL_LIMIT:
+        return None
+    eye = tf.eye(x.loop_len, dtype=filt.dtype)
     blocks = tf.einsum("ij,i...cd->...icjd", eye, filt)                 # [k..., n, ci, n, co]
     shape = tf.shape(blocks)
-    return tf.reshape(blocks, tf.concat([shape[:spatial], [shape[spatial] * shape[spatial + 1],
-                                         shape[spatial + 2] * shape[spatial + 3]]], 0))
+    out = tf.reshape(blocks, tf.concat([shape[:spatial], [shape[spatial] * shape[spatial + 1],
+                                        shape[spatial + 2] * shape[spatial + 3]]], 0))
+    out.set_shape(dims[:-2] + [None if n_static is None else n_static * d for d in dims[-2:]])
+    return out
 
 
 def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):

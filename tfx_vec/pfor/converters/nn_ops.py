@@ -318,18 +318,33 @@ def static_dim(t: tf.Tensor, axis: int) -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def grouped_gradient_kernels() -> bool:
-    """Do TensorFlow's CPU kernels take grouped convolution gradients?
+    """Do TensorFlow's CPU kernels compute grouped convolution gradients (input channels a
+    multiple of the filter's)?
 
     Only its oneDNN kernels do, and TensorFlow turns those on by itself only on some x86 CPUs
     (or with ``TF_ENABLE_ONEDNN_OPTS=1``); without them a grouped ``Conv2DBackpropInput`` or
-    ``Conv2DBackpropFilter`` fails at run time.  The converters then emit formulations every
-    kernel runs.  (GPUs run both, but a graph's device is not known when it is converted.)
+    ``Conv2DBackpropFilter`` fails at run time, so the converters emit formulations every
+    kernel runs.  Probed once, in a graph of its own (this also works while a function or a
+    TF1 graph is being built).
+
+    Example:
+        >>> isinstance(grouped_gradient_kernels(), bool)
+        True
     """
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return False
+    with tf.Graph().as_default():
+        args = dict(strides=[1, 1, 1, 1], padding="VALID")
+        dy = tf.ones([1, 2, 2, 2])
+        grads = [tf.raw_ops.Conv2DBackpropFilter(input=tf.ones([1, 2, 2, 2]),
+                                                 filter_sizes=[1, 1, 1, 2], out_backprop=dy,
+                                                 **args),
+                 tf.raw_ops.Conv2DBackpropInput(input_sizes=[1, 2, 2, 2],
+                                                filter=tf.ones([1, 1, 1, 2]), out_backprop=dy,
+                                                **args)]
+        try:
+            with tf.compat.v1.Session() as sess:
+                return [g.shape for g in sess.run(grads)] == [(1, 1, 1, 2), (1, 2, 2, 2)]
+        except tf.errors.OpError:
+            return False
 
 # }}}
 

@@ -13,6 +13,12 @@ The array is shared by all iterations (its handle is loop-invariant), so:
 
 A TensorArray created *inside* a TF1 body is traced as a TensorList instead (``trace.py``).
 
+A gradient taken in the body through such an array (``tf.gradients`` of a value read from
+it) makes a *gradient* array (``TensorArrayGradV3``), and each iteration has its own
+gradient.  As in TensorFlow's pfor, that is one array for all iterations whose elements have
+a leading iteration axis (``TensorArrayGradWithShape``): writes and reads of it happen at
+positions every iteration shares (a per-iteration position is an error).
+
 Example:
     >>> import numpy as np, tensorflow as tf, tfx_vec
     >>> with tf.Graph().as_default():
@@ -44,6 +50,50 @@ def _shared_handle(x: ConversionInput) -> tf.Tensor:
     return x.input(0).t
 
 
+def _gradient_arrays(x: ConversionInput) -> set:
+    """The gradient arrays (``TensorArrayGradWithShape`` ops) this conversion made: their
+    elements are ``[n, ...]``, every iteration's gradient."""
+    return x.vectorizer.__dict__.setdefault("_tfx_vec_gradient_arrays", set())
+
+
+def _per_iteration_array(x: ConversionInput, handle: tf.Tensor) -> bool:
+    op = handle.op
+    while op.type == "Identity":
+        op = op.inputs[0].op
+    return op in _gradient_arrays(x)
+
+
+def _shared_position(x: ConversionInput, i: int) -> tf.Tensor:
+    if x.loop_len is not x.vectorizer.loop_len or x.vectorizer.masked_depth:
+        raise x.error("a gradient TensorArray used under control flow whose iterations depend "
+                      "on the loop index (a loop-variant tf.cond predicate or while "
+                      "condition) cannot be vectorized: every iteration must read and write it "
+                      "in lock step")
+    if x.is_stacked(i):
+        raise x.error("reading or writing a gradient TensorArray at positions that depend on "
+                      "the loop index cannot be vectorized: every iteration must use the "
+                      "same positions")
+    return x.input(i).t
+
+
+def _swap_leading(t: tf.Tensor) -> tf.Tensor:
+    """Swap the first two axes (of a tensor of possibly unknown rank)."""
+    return tf.transpose(t, tf.concat([[1, 0], tf.range(2, tf.rank(t))], 0))
+
+
+@register_converter("TensorArrayGradV3")
+def _grad(x: ConversionInput):
+    handle = _shared_handle(x)
+    flow = x.input(1)
+    # A flow's value is a dummy: only the dependency on it matters.
+    flow_in = tf.reduce_sum(flow.t) if flow.is_stacked else flow.t
+    grad, flow_out = tf.raw_ops.TensorArrayGradWithShape(
+        handle=handle, flow_in=flow_in, shape_to_prepend=tf.reshape(x.loop_len, [1]),
+        source=x.attr("source"))
+    _gradient_arrays(x).add(grad.op)
+    return [WrappedTensor(grad, False), WrappedTensor(flow_out, False)]
+
+
 def _invariant(x: ConversionInput) -> list[WrappedTensor]:
     return [WrappedTensor(t, False) for t in create_op_like(x.op, [w.t for w in x.inputs])]
 
@@ -51,6 +101,10 @@ def _invariant(x: ConversionInput) -> list[WrappedTensor]:
 @converter("TensorArrayReadV3")
 def _read(x: ConversionInput):
     handle = _shared_handle(x)
+    if _per_iteration_array(x, handle):
+        return [WrappedTensor(tf.raw_ops.TensorArrayReadV3(
+            handle=handle, index=_shared_position(x, 1), flow_in=x.input(2).t,
+            dtype=x.attr("dtype")), True)]
     if not x.any_stacked:
         return _invariant(x)
     out = tf.raw_ops.TensorArrayGatherV3(handle=handle, indices=x.stacked_input(1),
@@ -70,6 +124,10 @@ def _element_shape(handle: tf.Tensor) -> tf.TensorShape:
 @converter("TensorArrayGatherV3")
 def _gather(x: ConversionInput):
     handle = _shared_handle(x)
+    if _per_iteration_array(x, handle):
+        out = tf.raw_ops.TensorArrayGatherV3(handle=handle, indices=_shared_position(x, 1),
+                                             flow_in=x.input(2).t, dtype=x.attr("dtype"))
+        return [WrappedTensor(_swap_leading(out), True)]             # [k, n, ...] -> [n, k, ...]
     if not x.any_stacked:
         return _invariant(x)
     indices = x.stacked_input(1)                                        # [n, k]
@@ -83,6 +141,12 @@ def _gather(x: ConversionInput):
 @register_converter("TensorArrayWriteV3", "TensorArrayScatterV3")
 def _write(x: ConversionInput):
     handle = _shared_handle(x)
+    if _per_iteration_array(x, handle):
+        value = x.stacked_input(2)
+        if x.op_type == "TensorArrayScatterV3":
+            value = _swap_leading(value)                              # [n, k, ...] -> [k, n, ...]
+        out = create_op_like(x.op, [handle, _shared_position(x, 1), value, x.input(3).t])[0]
+        return [WrappedTensor(out, False)]
     if not x.any_stacked:
         return _invariant(x)
     if not x.is_stacked(1):
