@@ -197,7 +197,7 @@ def run(quick: bool) -> Report:
                            "per-chain gradient counts of a longer run."))
     sweep(report, ours, "", [1, 10, 30] if quick else [1, 3, 10, 30, 100, 300, 1000],
           [1, 10] if quick else [1, 2, 5, 10])
-    # Measured, not derived: one call of many trajectories (the 86% at 1000 chains).
+    # Measured, not derived: one call of many trajectories (the paper's 86% at 1000 chains).
     for b, t in ({30: 20} if quick else {1000: 100}).items():
         sweep(report, ours, f"one call of {t} trajectories, ", [b], [t], local_static=False)
     ceilings(report, ours, "", {30: 20} if quick else {30: 100, 1000: 50})

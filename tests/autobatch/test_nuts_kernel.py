@@ -112,7 +112,7 @@ def test_chain_seeds_do_not_depend_on_the_batch():
 
 
 def test_one_gradient_block_and_it_is_last():
-    """The structure the program-counter schedule relies on (issue #5): exactly one block of
+    """The structure the program-counter schedule relies on: exactly one block of
     the lowered program evaluates the gradient (the leaf) and it is the last block, so with
     earliest-block scheduling every unfinished chain waits there before it runs; trajectory
     boundaries are no function calls (one loop of doublings, recursion only in build_tree);

@@ -41,3 +41,8 @@ def __getattr__(name: str):
         from .nuts import NoUTurnSampler
         return NoUTurnSampler
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # help() and dir() list the lazily imported sampler with the rest
+    return sorted(set(globals()) | set(__all__))
