@@ -8,9 +8,11 @@ by ``tfx_vec.autobatch``; nothing of the recursion is unrolled by hand.
 
 Pipeline of this module, top to bottom:
 
-1. ``NoUTurnSampler.one_step`` flattens the state parts into one ``[chains, D]`` vector (the
-   target sees the parts again through :class:`_StateSpec`), builds per-chain step sizes
-   ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``.
+1. ``NoUTurnSampler.one_step`` reads the batch shape from the target's output (as TFP does),
+   flattens the batch dimensions into one chain dimension and the state parts into one
+   ``[chains, D]`` vector (the target sees the parts again through :class:`_StateSpec`),
+   builds per-chain step sizes ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``;
+   the results go back to the batch shape.
 2. ``_make_program`` (cached per state structure) defines the single-chain program
    ``run_trajectories -> build_tree`` and hands each function to ``wrap``: ``ab.function``
    for the batched runtimes, the identity for the per-chain reference (``runtime="python"``,
@@ -56,12 +58,17 @@ NUTSKernelResults = collections.namedtuple(
      "leapfrogs_taken", "is_accepted", "reach_max_depth", "has_divergence", "energy", "seed",
      "total_leapfrogs_taken", "leapfrogs_computed", "machine", "ahead_target",
      "ahead_restart"])
-NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, one entry per chain.
+NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, in the batch shape.
 
-``leapfrogs_taken``: cumulative leapfrog steps (gradient evaluations) of this chain.
+The fields of ``tfp.mcmc.NoUTurnSampler``'s results, with its meaning: ``target_log_prob``,
+``grads_target_log_prob``, ``step_size``, ``log_accept_ratio``, ``is_accepted``,
+``reach_max_depth``, ``has_divergence``, ``energy`` (log-density minus kinetic energy at the
+sample), ``seed`` (the seed this step used) and ``leapfrogs_taken`` (this step's leapfrog
+steps, i.e. gradient evaluations, of this chain).  Ours:
+``total_leapfrogs_taken``: ``leapfrogs_taken`` summed since ``bootstrap_results``.
 ``leapfrogs_computed``: cumulative leapfrogs the lock-step batch needs when it synchronizes on
-trajectory boundaries (the per-step maximum over chains, as TFP's autobatched NUTS reports it).
-``seed``: the stateless seed the next step uses when ``one_step`` is given none.
+trajectory boundaries (the sum of per-step maxima over chains, as TFP's autobatched NUTS
+reports it).
 ``machine``, ``ahead_target``, ``ahead_restart`` (with ``run_ahead=True``; empty otherwise): the
 paused program-counter machine, the trajectory count of the last returned state, and where
 chains that ran to their cap restart from.
@@ -504,14 +511,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     """NUTS whose recursive tree building is batched over chains by ``tfx_vec.autobatch``.
 
     Args:
-      target_log_prob_fn: ``f(*state_parts) -> [chains]`` log-density; each state part has a
-        leading chain dimension.  It may be called on junk values for chains that are not at
-        the leapfrog (their results are discarded), so it must not raise on finite inputs.
+      target_log_prob_fn: ``f(*state_parts) -> batch_shape`` log-density.  As in TFP, the
+        shape of its output is the batch shape (the chains: ``[]`` for one chain, ``[chains]``,
+        ``[a, b]``, ...) and every state part is ``batch_shape + event_shape`` (static event
+        shape).  Inside the batched program it is called on the chains flattened into one
+        dimension, ``[chains, *event_shape]`` per part, and on junk values for chains that
+        are not at the leapfrog (their results are discarded), so it must treat leading
+        dimensions as independent chains and must not raise on finite inputs.
       step_size: a float, a tensor broadcastable to each state part (``[chains, 1]`` gives a
         step size per chain), or a list with one such entry per state part.
       max_tree_depth: a trajectory has at most ``2**max_tree_depth - 1`` leaves.
       max_energy_diff: a leaf whose energy exceeds the initial one by more is a divergence.
       unrolled_leapfrog_steps: leapfrog steps per leaf (the paper uses 4 to amortize control).
+      parallel_iterations: TFP's argument, recorded in ``parameters`` (the batched program's
+        loop runs one block per iteration).
+      experimental_shard_axis_names: TFP's argument, recorded; sampling a sharded state (any
+        name not None) raises ``NotImplementedError``.
+      name: name scope of the kernel's ops.
       num_trajectories_per_step: trajectories run back to back in one batched program per
         ``one_step``; only the last state is returned (thinning).  With the program-counter
         runtime the batch then synchronizes on gradients rather than trajectory boundaries.
@@ -598,6 +614,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     @property
     def is_calibrated(self) -> bool:
         return True
+
+    @property
+    def experimental_shard_axis_names(self) -> Any:
+        return self._parameters["experimental_shard_axis_names"]
 
     def experimental_with_shard_axes(self, shard_axis_names: Any) -> "NoUTurnSampler":
         """A copy with ``experimental_shard_axis_names`` set (recorded; sampling refuses
