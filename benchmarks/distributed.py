@@ -113,7 +113,7 @@ def _nuts(strategy, sizes) -> dict:
                             step_size=0.08, max_tree_depth=10)
     x0 = (np.random.default_rng(0).normal(size=(sizes["chains"], d)) * scales.numpy()
           ).astype(np.float32)
-    trace = lambda _, kr: kr.leapfrogs_taken  # noqa: E731
+    trace = lambda _, kr: kr.total_leapfrogs_taken  # noqa: E731
     sample_chains(sizes["results"], x0, kernel, seed=(1, 2), strategy=strategy,
                   trace_fn=trace, jit_compile=True)             # trace and compile
     start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Utilization = gradients the chains needed / (batched gradient evaluations x batch size).  A
 counter in the target counts batched evaluations (each evaluates every member, masked or not);
-``leapfrogs_taken`` counts the gradients each chain needed.  Local static runs one trajectory
+``total_leapfrogs_taken`` counts the gradients each chain needed.  Local static runs one trajectory
 per call (it synchronizes on trajectory boundaries, and its Python recursion cannot batch
 members at different recursion points); the program-counter runtime runs T trajectories in one
 call (``num_trajectories_per_step=T``) and so batches the 5th gradient of one chain's 3rd
@@ -133,7 +133,7 @@ def measure(kernel: NoUTurnSampler, calls: tf.Variable, x0: tf.Tensor, trajector
     program = None
     for i in range(trajectories // per_call):
         state, results = kernel.one_step(state, results, seed=(seed, i))
-        taken = results.leapfrogs_taken.numpy()
+        taken = results.total_leapfrogs_taken.numpy()
         worst += int((taken - needed).max())
         needed = taken
         if kernel.runtime == "program_counter":
@@ -277,7 +277,7 @@ def run_ahead_utilization(problem: Problem, batch: int, trajectories: int,
         calls.assign(0)
         for i in range(steps):
             x, r = kernel.one_step(x, r, seed=(5, i))
-        out.append(float(np.sum(r.leapfrogs_taken.numpy())) / (int(calls.numpy()) * batch))
+        out.append(float(np.sum(r.total_leapfrogs_taken.numpy())) / (int(calls.numpy()) * batch))
     return out[0], out[1]
 
 
@@ -290,10 +290,8 @@ def per_call_gradients(kernel: NoUTurnSampler, x0: tf.Tensor, calls: int,
     """Gradients each chain needs in each of ``calls`` XLA-compiled steps, ``[calls, chains]``."""
     step = tf.function(kernel.one_step, jit_compile=True)
     state, results = x0, kernel.bootstrap_results(x0)
-    rows, before = [], np.zeros(int(x0.shape[0]), np.int64)
+    rows = []
     for i in range(calls):
         state, results = step(state, results, seed=tf.constant([seed, i]))
-        taken = results.leapfrogs_taken.numpy()
-        rows.append(taken - before)
-        before = taken
+        rows.append(results.leapfrogs_taken.numpy())
     return np.stack(rows)

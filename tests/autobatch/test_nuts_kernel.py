@@ -97,8 +97,11 @@ def test_kernel_results_are_consistent(reference):
         np.testing.assert_array_less(r.log_accept_ratio, 1e-6)
         assert np.all(np.asarray(r.leapfrogs_taken) % 2 == 0)  # 2 unrolled steps per leaf
     (_, first), (_, second) = reference
-    np.testing.assert_array_less(first.leapfrogs_taken, second.leapfrogs_taken)
-    assert np.all(np.asarray(second.leapfrogs_computed) >= np.max(second.leapfrogs_taken))
+    # leapfrogs_taken counts this step (as TFP's), total_leapfrogs_taken every step so far
+    np.testing.assert_array_equal(first.total_leapfrogs_taken, first.leapfrogs_taken)
+    np.testing.assert_array_equal(second.total_leapfrogs_taken,
+                                  first.leapfrogs_taken + second.leapfrogs_taken)
+    assert np.all(np.asarray(second.leapfrogs_computed) >= np.max(second.total_leapfrogs_taken))
 
 
 def test_chain_seeds_do_not_depend_on_the_batch():
@@ -116,7 +119,7 @@ def test_one_gradient_block_and_it_is_last():
     the blocks are laid out continuations first."""
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=0.3)
     state = _two_part_state()
-    fn = kernel._program(nuts._StateSpec(state), batched=True)
+    fn = kernel._program(nuts._StateSpec(state, 1), batched=True)
     kernel.one_step(state, kernel.bootstrap_results(state), seed=(1, 2))
     # the program as declared, and as run for this signature (per-member scalar blocks merged)
     as_run = [p for p in fn._compiled.values() if isinstance(p, tuple)]
@@ -137,7 +140,7 @@ def _uninterrupted(kernel, state, first_seed, trajectories):
     """Each chain's state and leapfrogs after its first ``trajectories`` trajectories of its
     own seed stream, in one uninterrupted run of the per-chain program (no steps, no
     pausing): what run-ahead steps must return, wherever their pauses fell."""
-    spec = nuts._StateSpec(state)
+    spec = nuts._StateSpec(state, 1)
     program = kernel._program(spec, batched=False)
     q = spec.flatten(state)
     logp, g = spec.value_and_grad(kernel.target_log_prob_fn, q)
@@ -158,12 +161,12 @@ def test_run_ahead_follows_each_chains_uninterrupted_trajectories(runtime):
     trajectories, with those trajectories' leapfrogs: the same Markov chain as without steps."""
     steps = _run_steps(runtime, num_steps=4, num_trajectories_per_step=2, run_ahead=True)
     kernel = NoUTurnSampler(_two_part_log_prob, step_size=_per_chain_steps(), max_tree_depth=5)
-    spec = nuts._StateSpec(_two_part_state())
+    spec = nuts._StateSpec(_two_part_state(), 1)
     ahead = 0
     for j, (state, r) in enumerate(steps, start=1):
         want_q, want_leapfrogs = _uninterrupted(kernel, _two_part_state(), (7, 0), 2 * j)
         np.testing.assert_allclose(spec.flatten(state), want_q, rtol=1e-4, atol=1e-4)
-        np.testing.assert_array_equal(r.leapfrogs_taken, want_leapfrogs)
+        np.testing.assert_array_equal(r.total_leapfrogs_taken, want_leapfrogs)
         ahead += int(np.sum(np.asarray(r.machine[0]["vals"]["run_trajectories.t"]) > 2 * j))
     assert ahead > 0  # some chain was past the step's trajectories when it paused
 
@@ -188,10 +191,9 @@ def test_run_ahead_raises_utilization_past_the_per_step_ceiling():
         calls.assign(0)
         slowest = 0
         for i in range(6):
-            prev = np.asarray(r.leapfrogs_taken)
             x, r = kernel.one_step(x, r, seed=(3, i))
-            slowest += int(np.max(np.asarray(r.leapfrogs_taken) - prev))
-        needed = np.sum(np.asarray(r.leapfrogs_taken))  # only the returned trajectories
+            slowest += int(np.max(np.asarray(r.leapfrogs_taken)))
+        needed = np.sum(np.asarray(r.total_leapfrogs_taken))  # only the returned trajectories
         result[run_ahead] = (needed / (int(calls.numpy()) * 30), needed / (slowest * 30))
     (plain, ceiling), (ahead, _) = result[False], result[True]
     assert plain <= ceiling + 1e-9
@@ -255,7 +257,11 @@ def test_bad_states_and_step_sizes():
     with pytest.raises(TypeError, match="floating point"):
         NoUTurnSampler(lambda x: x, 0.1).bootstrap_results(tf.ones([2, 1], tf.int32))
     with pytest.raises(ValueError, match=r"one value per chain"):
-        NoUTurnSampler(lambda x: x[:, 0] * x, 0.1).bootstrap_results(tf.ones([2, 2]))
+        NoUTurnSampler(lambda x: x[..., None] * tf.ones([3]), 0.1).bootstrap_results(
+            tf.ones([2, 2]))
+    with pytest.raises(ValueError, match=r"one value per chain"):
+        NoUTurnSampler(lambda x: tf.reduce_sum(x, -1)[:1], 0.1).bootstrap_results(
+            tf.ones([2, 2]))
     bad = NoUTurnSampler(lambda x: -tf.reduce_sum(x * x, -1), step_size=tf.ones([3]))
     x = tf.ones([2, 2])
     with pytest.raises(ValueError, match="does not broadcast"):

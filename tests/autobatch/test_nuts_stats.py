@@ -81,7 +81,7 @@ def test_chains_move_and_adapt_per_chain(marginal_draws):
     final = step_sizes[0][-1][:, 0]
     assert np.all(np.isfinite(final)) and len(np.unique(final)) > 0.9 * len(final)
     assert np.all(step_sizes[0][-1] == step_sizes[0][-2])  # frozen after adaptation
-    assert np.all(np.diff(leapfrogs, axis=0) >= 1)
+    assert np.all(leapfrogs >= 1)  # per step
 
 
 def test_diagonal_gaussian_moments(marginal_draws):

@@ -8,9 +8,11 @@ by ``tfx_vec.autobatch``; nothing of the recursion is unrolled by hand.
 
 Pipeline of this module, top to bottom:
 
-1. ``NoUTurnSampler.one_step`` flattens the state parts into one ``[chains, D]`` vector (the
-   target sees the parts again through :class:`_StateSpec`), builds per-chain step sizes
-   ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``.
+1. ``NoUTurnSampler.one_step`` reads the batch shape from the target's output (as TFP does),
+   flattens the batch dimensions into one chain dimension and the state parts into one
+   ``[chains, D]`` vector (the target sees the parts again through :class:`_StateSpec`),
+   builds per-chain step sizes ``[chains, D]`` and per-chain stateless seeds ``[chains, 2]``;
+   the results go back to the batch shape.
 2. ``_make_program`` (cached per state structure) defines the single-chain program
    ``run_trajectories -> build_tree`` and hands each function to ``wrap``: ``ab.function``
    for the batched runtimes, the identity for the per-chain reference (``runtime="python"``,
@@ -44,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 from tensorflow_probability.python.internal import samplers
+from tensorflow_probability.python.mcmc.internal import util as mcmc_util
 
 __all__ = ["NoUTurnSampler", "NUTSKernelResults", "RUNTIMES"]
 
@@ -52,14 +55,20 @@ RUNTIMES = ("program_counter", "local_static", "hybrid", "python")
 NUTSKernelResults = collections.namedtuple(
     "NUTSKernelResults",
     ["target_log_prob", "grads_target_log_prob", "step_size", "log_accept_ratio",
-     "is_accepted", "leapfrogs_taken", "leapfrogs_computed", "reach_max_depth",
-     "has_divergence", "seed", "machine", "ahead_target", "ahead_restart"])
-NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, one entry per chain.
+     "leapfrogs_taken", "is_accepted", "reach_max_depth", "has_divergence", "energy", "seed",
+     "total_leapfrogs_taken", "leapfrogs_computed", "machine", "ahead_target",
+     "ahead_restart"])
+NUTSKernelResults.__doc__ = """Kernel results of :class:`NoUTurnSampler`, in the batch shape.
 
-``leapfrogs_taken``: cumulative leapfrog steps (gradient evaluations) of this chain.
+The fields of ``tfp.mcmc.NoUTurnSampler``'s results, with its meaning: ``target_log_prob``,
+``grads_target_log_prob``, ``step_size``, ``log_accept_ratio``, ``is_accepted``,
+``reach_max_depth``, ``has_divergence``, ``energy`` (log-density minus kinetic energy at the
+sample), ``seed`` (the seed this step used) and ``leapfrogs_taken`` (this step's leapfrog
+steps, i.e. gradient evaluations, of this chain).  Ours:
+``total_leapfrogs_taken``: ``leapfrogs_taken`` summed since ``bootstrap_results``.
 ``leapfrogs_computed``: cumulative leapfrogs the lock-step batch needs when it synchronizes on
-trajectory boundaries (the per-step maximum over chains, as TFP's autobatched NUTS reports it).
-``seed``: the stateless seed the next step uses when ``one_step`` is given none.
+trajectory boundaries (the sum of per-step maxima over chains, as TFP's autobatched NUTS
+reports it).
 ``machine``, ``ahead_target``, ``ahead_restart`` (with ``run_ahead=True``; empty otherwise): the
 paused program-counter machine, the trajectory count of the last returned state, and where
 chains that ran to their cap restart from.
@@ -135,50 +144,109 @@ def chain_seeds(seed: Any, num_chains: int) -> tf.Tensor:
 
 # {{{ flat state: the program sees one [B, D] vector, the user's target sees its parts
 
+_NONE_GRADIENT = ("Encountered `None` gradient.\n  fn_arg_list: {}\n  grads: {}")  # TFP's text
+
 
 class _StateSpec:
-    """Event shapes and dtype of the state parts; flattens and restores them."""
+    """Batch and event shapes and dtype of the state parts; flattens and restores them.
 
-    def __init__(self, parts: Sequence[tf.Tensor]):
+    A part has shape ``batch_shape + event_shape`` where ``batch_shape`` (the chains, of any
+    rank, read from the target's output) is common to all parts.  The program sees one
+    ``[chains, D]`` vector (batch dimensions flattened into one, event dimensions into ``D``);
+    the target sees the parts with one flat chain dimension, ``[chains, *event_shape]``.
+    """
+
+    def __init__(self, parts: Sequence[tf.Tensor], batch_ndims: int):
+        self.dtype = self.check_dtype(parts)
+        for p in parts:
+            if p.shape.rank is None:
+                raise ValueError("NoUTurnSampler: a state part has unknown rank; give each part "
+                                 "a known rank (e.g. tf.ensure_shape or an input_signature "
+                                 "with [None, ...] dimensions)")
+            if p.shape.rank < batch_ndims or not p.shape[batch_ndims:].is_fully_defined():
+                raise ValueError(
+                    f"NoUTurnSampler: each state part needs the {batch_ndims} batch dimensions "
+                    "of the target's output followed by a static event shape, got shape "
+                    f"{p.shape}")
+        self.batch_ndims = batch_ndims
+        static_batch = parts[0].shape[:batch_ndims]
+        for p in parts[1:]:
+            static_batch = static_batch.merge_with(p.shape[:batch_ndims])
+        self.batch_shape = (static_batch.as_list() if static_batch.is_fully_defined()
+                            else tf.shape(parts[0])[:batch_ndims])
+        self.chains = (int(np.prod(self.batch_shape, dtype=np.int64))
+                       if static_batch.is_fully_defined()
+                       else tf.reduce_prod(tf.shape(parts[0])[:batch_ndims]))
+        self.event_shapes = tuple(tuple(p.shape[batch_ndims:].as_list()) for p in parts)
+        self.sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in self.event_shapes)
+        self.dim = sum(self.sizes)
+
+    @staticmethod
+    def check_dtype(parts: Sequence[tf.Tensor]) -> tf.DType:
+        """The one floating dtype of all state parts."""
         dtypes = {p.dtype for p in parts}
         if len(dtypes) != 1:
             raise TypeError("NoUTurnSampler: all state parts must share one float dtype, got "
                             f"{sorted(d.name for d in dtypes)}")
-        self.dtype = parts[0].dtype
-        if not self.dtype.is_floating:
-            raise TypeError(f"NoUTurnSampler: the state must be floating point, got {self.dtype.name}")
-        for p in parts:
-            if p.shape.rank is None or p.shape.rank < 1 or not p.shape[1:].is_fully_defined():
-                raise ValueError("NoUTurnSampler: each state part needs a leading chain dimension "
-                                 f"and a static event shape, got shape {p.shape}")
-        self.event_shapes = tuple(tuple(p.shape[1:].as_list()) for p in parts)
-        self.sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in self.event_shapes)
-        self.dim = sum(self.sizes)
+        dtype = parts[0].dtype
+        if not dtype.is_floating:
+            raise TypeError(f"NoUTurnSampler: the state must be floating point, got {dtype.name}")
+        return dtype
 
     @property
     def key(self) -> tuple:
         return (self.dtype.name, self.event_shapes)
 
-    def flatten(self, parts: Sequence[tf.Tensor]) -> tf.Tensor:
-        b = tf.shape(parts[0])[0]
-        return tf.concat([tf.reshape(p, [b, n]) for p, n in zip(parts, self.sizes)], axis=-1)
+    def flatten(self, parts: Sequence[tf.Tensor], chains: Any = None) -> tf.Tensor:
+        """Parts of ``chains`` flat chains (default: the batch), any batch shape -> ``[B, D]``."""
+        chains = self.chains if chains is None else chains
+        flat = [tf.reshape(p, [chains, n]) for p, n in zip(parts, self.sizes)]
+        return tf.concat(flat, axis=-1) if len(flat) > 1 else flat[0]
+
+    def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """``[B, D]`` -> parts ``[B, *event_shape]`` (what the target sees)."""
+        chains = _leading(flat)
+        pieces = tf.split(flat, self.sizes, axis=-1) if len(self.sizes) > 1 else [flat]
+        return [tf.reshape(x, [chains, *s]) for x, s in zip(pieces, self.event_shapes)]
 
     def unflatten(self, flat: tf.Tensor) -> list[tf.Tensor]:
-        b = tf.shape(flat)[0]
+        """``[chains, D]`` -> parts ``batch_shape + event_shape`` (what the user sees)."""
         pieces = tf.split(flat, self.sizes, axis=-1) if len(self.sizes) > 1 else [flat]
-        return [tf.reshape(x, tf.concat([[b], s], 0)) for x, s in zip(pieces, self.event_shapes)]
+        return [tf.reshape(x, self._batched(s)) for x, s in zip(pieces, self.event_shapes)]
+
+    def unflatten_batch(self, values: tf.Tensor) -> tf.Tensor:
+        """Per-chain values ``[chains, *tail]`` (static tail) -> ``batch_shape + tail``."""
+        return tf.reshape(values, self._batched(values.shape[1:].as_list()))
+
+    def _batched(self, tail: Sequence[int]) -> Any:
+        """The shape ``batch_shape + tail``: a list if static, else a tensor."""
+        if isinstance(self.batch_shape, list):
+            return [*self.batch_shape, *tail]
+        return tf.concat([self.batch_shape, tf.constant(list(tail), tf.int32)], 0)
 
     def value_and_grad(self, target_log_prob_fn: Callable, flat: tf.Tensor):
         """Target log-density ``[B]`` and its gradient ``[B, D]`` at a flat state."""
-        parts = self.unflatten(flat)
+        parts = self.split(flat)
         with tf.GradientTape() as tape:
             tape.watch(parts)
             logp = target_log_prob_fn(*parts)
         grads = tape.gradient(logp, parts)
         if any(g is None for g in grads):
-            raise ValueError("NoUTurnSampler: target_log_prob_fn has no gradient with respect to "
-                             "some state part")
-        return tf.cast(logp, self.dtype), self.flatten(grads)
+            raise ValueError(_NONE_GRADIENT.format(parts, grads))
+        chains = _leading(flat)
+        if logp.shape.num_elements() is not None and flat.shape[0] is not None and \
+                logp.shape.num_elements() != flat.shape[0]:
+            raise ValueError("NoUTurnSampler: target_log_prob_fn must return one value per "
+                             f"chain; given {flat.shape[0]} chains it returned shape "
+                             f"{logp.shape}")
+        # a target that squeezes its output (one chain: a scalar) still gives [B]
+        return tf.reshape(tf.cast(logp, self.dtype), [chains]), self.flatten(grads, chains)
+
+
+def _leading(x: tf.Tensor) -> Any:
+    """The leading dimension of ``x``: an int if static, else a scalar tensor."""
+    n = tf.compat.dimension_value(x.shape[0])
+    return n if n is not None else tf.shape(x)[0]
 
 # }}}
 
@@ -237,18 +305,21 @@ def _leaf(vg: Callable, unrolled: int, max_energy_diff: float,
     divergent = (energy - h0) > max_energy_diff
     metro = tf.exp(tf.minimum(log_w, 0.0))
     leaves = tf.ones_like(logp, tf.int32)
-    return (q, p, g, logp, q, g, logp, p, p, log_w, metro, leaves, ~divergent, divergent)
+    return (q, p, g, logp, q, g, logp, energy, p, p, log_w, metro, leaves, ~divergent,
+            divergent)
 
 
-def _merge_subtrees(seed, qp1, gp1, lp1, p_beg1, p_end1, rho1, lsw1, metro1, leaves1, div1,
-                    qp2, gp2, lp2, p_beg2, p_end2, rho2, lsw2, metro2, leaves2, valid2, div2):
+def _merge_subtrees(seed, qp1, gp1, lp1, ep1, p_beg1, p_end1, rho1, lsw1, metro1, leaves1, div1,
+                    qp2, gp2, lp2, ep2, p_beg2, p_end2, rho2, lsw2, metro2, leaves2, valid2,
+                    div2):
     """Recursive case of ``build_tree`` after both halves: multinomial choice of the proposal
     (the far half with probability w2 / (w1 + w2)) and the U-turn checks across the halves."""
     lsw = _logaddexp(lsw1, lsw2)
     take2 = tf.math.log(_uniform(seed, lsw.dtype)) < lsw2 - lsw
-    qp, gp, lp = (_where(take2, a, b) for a, b in ((qp2, qp1), (gp2, gp1), (lp2, lp1)))
+    qp, gp, lp, ep = (_where(take2, a, b)
+                      for a, b in ((qp2, qp1), (gp2, gp1), (lp2, lp1), (ep2, ep1)))
     valid = valid2 & _merged_no_u_turn(p_beg1, p_end1, rho1, p_beg2, p_end2, rho2)
-    return (qp, gp, lp, rho1 + rho2, lsw, metro1 + metro2, leaves1 + leaves2, valid,
+    return (qp, gp, lp, ep, rho1 + rho2, lsw, metro1 + metro2, leaves1 + leaves2, valid,
             div1 | div2)
 
 
@@ -262,8 +333,9 @@ def _start_trajectory(seed, q, logp, g):
     zero_f = tf.zeros_like(logp)
     zero_i = tf.zeros_like(logp, tf.int32)
     false = tf.zeros_like(logp, tf.bool)
-    # forward end, backward end, sample, rho, log-sum-weight, depth, leaves, metro, flags
-    return (seed, s_traj, h0, q, p, g, logp, q, p, g, logp, q, g, logp, p, zero_f, zero_i,
+    # forward end, backward end, sample (and its energy), rho, log-sum-weight, depth, leaves,
+    # metro, flags
+    return (seed, s_traj, h0, q, p, g, logp, q, p, g, logp, q, g, logp, h0, p, zero_f, zero_i,
             zero_i, zero_f, false, false, false)
 
 
@@ -277,13 +349,14 @@ def _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb):
 
 
 def _extend_trajectory(max_depth: int, seed, forward, qf, pf, gf, lf, qb, pb, gb, lb,
-                       q_s, g_s, l_s, rho, lsw, depth, accepted,
-                       q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, valid):
+                       q_s, g_s, l_s, e_s, rho, lsw, depth, accepted,
+                       q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub, valid):
     """Top level of Stan's transition after one doubling: biased progressive sampling of the
     new subtree's proposal, the new trajectory ends, and whether to keep doubling."""
     seed, s_accept = _split(seed, 2)
     accept = valid & (tf.math.log(_uniform(s_accept, lsw.dtype)) < lsw_sub - lsw)
-    q_s, g_s, l_s = (_where(accept, a, b) for a, b in ((qp, q_s), (gp, g_s), (lp, l_s)))
+    q_s, g_s, l_s, e_s = (_where(accept, a, b)
+                          for a, b in ((qp, q_s), (gp, g_s), (lp, l_s), (ep, e_s)))
     p_near, p_far = _where(forward, pf, pb), _where(forward, pb, pf)
     persist = _merged_no_u_turn(p_far, p_near, rho, p_beg, p_e, rho_sub)
     end = (q_e, p_e, g_e, l_e)
@@ -293,8 +366,8 @@ def _extend_trajectory(max_depth: int, seed, forward, qf, pf, gf, lf, qb, pb, gb
     depth = depth + 1
     go_on = valid & persist
     reach_max = go_on & (depth >= max_depth)
-    return (seed, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho + rho_sub, lsw, depth,
-            accepted | accept, reach_max, go_on & (depth < max_depth))
+    return (seed, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho + rho_sub, lsw,
+            depth, accepted | accept, reach_max, go_on & (depth < max_depth))
 
 
 def _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub):
@@ -303,13 +376,13 @@ def _tally(leaves, leaves_sub, metro, metro_sub, div, div_sub):
 
 
 def _finish_trajectory(unrolled: int, go, t, leapfrogs, stats, leaves, metro, accepted,
-                       reach_max, div):
+                       reach_max, div, energy):
     """Chains whose trajectory stopped (``go`` false) count it and keep its statistics as their
-    last ``stats = (log_accept, accepted, reach_max, div)``; log_accept is Stan's (mean
-    Metropolis probability over leaves, as a log)."""
+    last ``stats = (log_accept, accepted, reach_max, div, energy)``; log_accept is Stan's (mean
+    Metropolis probability over leaves, as a log), energy the Hamiltonian of the sample."""
     done = ~go
     log_accept = tf.math.log(metro / tf.cast(leaves, metro.dtype))
-    new = (log_accept, accepted, reach_max, div)
+    new = (log_accept, accepted, reach_max, div, energy)
     return (t + tf.cast(done, t.dtype), leapfrogs + tf.where(done, leaves * unrolled, 0),
             *(tf.where(done, a, b) for a, b in zip(new, stats)))
 
@@ -330,7 +403,7 @@ def _start_steps(q):
     zero_i = tf.zeros(tf.shape(q)[:1], tf.int32)
     zero_f = tf.zeros(tf.shape(q)[:1], q.dtype)
     false = tf.zeros(tf.shape(q)[:1], tf.bool)
-    return zero_i, zero_i, zero_f, false, false, false
+    return zero_i, zero_i, zero_f, false, false, false, zero_f
 
 # }}}
 
@@ -359,24 +432,24 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         # other member has reached it too.
         if depth > 0:
             seed_first, seed_second, seed_pick = _split(seed, 3)
-            (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1, valid1,
+            (q1, p1, g1, l1, qp1, gp1, lp1, ep1, p_beg1, rho1, lsw1, metro1, leaves1, valid1,
              div1) = build_tree(depth - 1, direction, q, p, g, logp, eps, h0, seed_first)
             if not valid1:
-                return (q1, p1, g1, l1, qp1, gp1, lp1, p_beg1, rho1, lsw1, metro1, leaves1,
+                return (q1, p1, g1, l1, qp1, gp1, lp1, ep1, p_beg1, rho1, lsw1, metro1, leaves1,
                         valid1, div1)
-            (q2, p2, g2, l2, qp2, gp2, lp2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
+            (q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
              div2) = build_tree(depth - 1, direction, q1, p1, g1, l1, eps, h0, seed_second)
-            (qp, gp, lp, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
-                seed_pick, qp1, gp1, lp1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
-                qp2, gp2, lp2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
-            return q2, p2, g2, l2, qp, gp, lp, p_beg1, rho, lsw, metro, leaves, valid, div
-        (q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid,
+            (qp, gp, lp, ep, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
+                seed_pick, qp1, gp1, lp1, ep1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
+                qp2, gp2, lp2, ep2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
+            return q2, p2, g2, l2, qp, gp, lp, ep, p_beg1, rho, lsw, metro, leaves, valid, div
+        (q1, p1, g1, l1, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid,
          div) = leaf(direction, q, p, g, logp, eps, h0)
-        return q1, p1, g1, l1, qp, gp, lp, p_beg, rho, lsw, metro, leaves, valid, div
+        return q1, p1, g1, l1, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid, div
 
     @wrap
-    def run_trajectories(t, leapfrogs, log_accept, accepted, reach_max, div, target, cap, q,
-                         logp, g, eps, seed):
+    def run_trajectories(t, leapfrogs, log_accept, accepted, reach_max, div, energy, target,
+                         cap, q, logp, g, eps, seed):
         """NUTS transitions in sequence from state ``q`` (Figure 7: the batch can overlap
         them), counting on from ``t`` trajectories and ``leapfrogs`` leapfrogs (and the last
         trajectory's statistics), until ``cap`` trajectories; the state after trajectory
@@ -394,35 +467,38 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         trajectory and leapfrog counts — so that a later call can go on from there, and the
         trajectory count of the output (which a paused run-ahead step waits for)."""
         (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out, div_out,
-         t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max, div, t)
+         e_out, t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max, div,
+                               energy, t)
         seed_0 = tf.identity(seed)
-        (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth,
+        (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
          leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(seed, q, logp, g)
         while t < cap:
             (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
              l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
-            (q_e, p_e, g_e, l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, metro_sub, leaves_sub,
-             valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i, eps, h0,
+            (q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub, metro_sub,
+             leaves_sub, valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i, eps, h0,
                                           seed_tree)
             leaves, metro, div_t = _tally(leaves, leaves_sub, metro, metro_sub, div_t, div_sub)
-            (seed_t, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw, depth, accepted_t,
-             reach_max_t, go) = extend(seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s,
-                                       g_s, l_s, rho, lsw, depth, accepted_t, q_e, p_e, g_e,
-                                       l_e, qp, gp, lp, p_beg, rho_sub, lsw_sub, valid)
-            (t, leapfrogs, log_accept, accepted, reach_max, div) = finish(
-                go, t, leapfrogs, (log_accept, accepted, reach_max, div), leaves, metro,
-                accepted_t, reach_max_t, div_t)
+            (seed_t, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
+             accepted_t, reach_max_t, go) = extend(
+                 seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
+                 depth, accepted_t, q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub,
+                 valid)
+            (t, leapfrogs, log_accept, accepted, reach_max, div, energy) = finish(
+                go, t, leapfrogs, (log_accept, accepted, reach_max, div, energy), leaves, metro,
+                accepted_t, reach_max_t, div_t, e_s)
             if not go:  # the sample is the chain's state: it starts the next trajectory
                 if t == target:
                     (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out,
-                     div_out, t_out) = _same(q_s, l_s, g_s, leapfrogs, log_accept, accepted,
-                                             reach_max, div, t)
+                     div_out, e_out, t_out) = _same(q_s, l_s, g_s, leapfrogs, log_accept,
+                                                    accepted, reach_max, div, energy, t)
                 seed_0 = tf.identity(seed)
-                (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, rho, lsw,
+                (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
                  depth, leaves, metro, accepted_t, reach_max_t,
                  div_t) = _start_trajectory(seed, q_s, l_s, g_s)
         return (q_out, l_out, g_out, log_accept_out, accepted_out, leap_out, reach_out, div_out,
-                q_s, l_s, g_s, seed_0, t, leapfrogs, log_accept, accepted, reach_max, div, t_out)
+                q_s, l_s, g_s, seed_0, t, leapfrogs, log_accept, accepted, reach_max, div,
+                energy, t_out, e_out)
 
     return run_trajectories
 
@@ -435,14 +511,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     """NUTS whose recursive tree building is batched over chains by ``tfx_vec.autobatch``.
 
     Args:
-      target_log_prob_fn: ``f(*state_parts) -> [chains]`` log-density; each state part has a
-        leading chain dimension.  It may be called on junk values for chains that are not at
-        the leapfrog (their results are discarded), so it must not raise on finite inputs.
+      target_log_prob_fn: ``f(*state_parts) -> batch_shape`` log-density.  As in TFP, the
+        shape of its output is the batch shape (the chains: ``[]`` for one chain, ``[chains]``,
+        ``[a, b]``, ...) and every state part is ``batch_shape + event_shape`` (static event
+        shape).  Inside the batched program it is called on the chains flattened into one
+        dimension, ``[chains, *event_shape]`` per part, and on junk values for chains that
+        are not at the leapfrog (their results are discarded), so it must treat leading
+        dimensions as independent chains and must not raise on finite inputs.
       step_size: a float, a tensor broadcastable to each state part (``[chains, 1]`` gives a
         step size per chain), or a list with one such entry per state part.
       max_tree_depth: a trajectory has at most ``2**max_tree_depth - 1`` leaves.
       max_energy_diff: a leaf whose energy exceeds the initial one by more is a divergence.
       unrolled_leapfrog_steps: leapfrog steps per leaf (the paper uses 4 to amortize control).
+      parallel_iterations: TFP's argument, recorded in ``parameters`` (the batched program's
+        loop runs one block per iteration).
+      experimental_shard_axis_names: TFP's argument, recorded; sampling a sharded state (any
+        name not None) raises ``NotImplementedError``.
+      name: name scope of the kernel's ops.
       num_trajectories_per_step: trajectories run back to back in one batched program per
         ``one_step``; only the last state is returned (thinning).  With the program-counter
         runtime the batch then synchronizes on gradients rather than trajectory boundaries.
@@ -479,17 +564,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     def __init__(self, target_log_prob_fn: Callable, step_size: Any, max_tree_depth: int = 10,
                  max_energy_diff: float = 1000.0, unrolled_leapfrog_steps: int = 1,
-                 num_trajectories_per_step: int = 1, runtime: str = "program_counter",
-                 seed: Any = None, name: str | None = None, scheduler: str = "earliest",
-                 run_ahead: bool = False):
-        if int(max_tree_depth) < 1:
-            raise ValueError(f"NoUTurnSampler: max_tree_depth must be >= 1, got {max_tree_depth}")
+                 parallel_iterations: int = 10, experimental_shard_axis_names: Any = None,
+                 name: str | None = None, *, num_trajectories_per_step: int = 1,
+                 runtime: str = "program_counter", seed: Any = None,
+                 scheduler: str = "earliest", run_ahead: bool = False):
+        max_tree_depth = tf.get_static_value(max_tree_depth)
+        if max_tree_depth is None or int(max_tree_depth) < 1:
+            raise ValueError("NoUTurnSampler: max_tree_depth must be known statically and >= 1, "
+                             f"got {max_tree_depth}")
         if int(unrolled_leapfrog_steps) < 1:
             raise ValueError("NoUTurnSampler: unrolled_leapfrog_steps must be >= 1, got "
                              f"{unrolled_leapfrog_steps}")
         if int(num_trajectories_per_step) < 1:
             raise ValueError("NoUTurnSampler: num_trajectories_per_step must be >= 1, got "
                              f"{num_trajectories_per_step}")
+        if int(parallel_iterations) < 1:
+            raise ValueError("NoUTurnSampler: parallel_iterations must be a positive integer, "
+                             f"got {parallel_iterations}")
         if runtime not in RUNTIMES:
             raise ValueError(f"NoUTurnSampler: runtime must be one of {RUNTIMES}, got {runtime!r}")
         if run_ahead and runtime != "program_counter":
@@ -503,9 +594,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             target_log_prob_fn=target_log_prob_fn, step_size=step_size,
             max_tree_depth=int(max_tree_depth), max_energy_diff=float(max_energy_diff),
             unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
-            num_trajectories_per_step=int(num_trajectories_per_step), runtime=runtime,
-            seed=seed, name=name or "tfx_vec_nuts", scheduler=scheduler,
-            run_ahead=bool(run_ahead))
+            parallel_iterations=int(parallel_iterations),
+            experimental_shard_axis_names=experimental_shard_axis_names,
+            name=name or "tfx_vec_nuts", num_trajectories_per_step=int(num_trajectories_per_step),
+            runtime=runtime, seed=seed, scheduler=scheduler, run_ahead=bool(run_ahead))
         self._programs: dict = {}
 
     # -- TFP kernel protocol -------------------------------------------------------------
@@ -523,52 +615,79 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def is_calibrated(self) -> bool:
         return True
 
+    @property
+    def experimental_shard_axis_names(self) -> Any:
+        return self._parameters["experimental_shard_axis_names"]
+
+    def experimental_with_shard_axes(self, shard_axis_names: Any) -> "NoUTurnSampler":
+        """A copy with ``experimental_shard_axis_names`` set (recorded; sampling refuses
+        sharded states)."""
+        return self.copy(experimental_shard_axis_names=shard_axis_names)
+
+    def _check_unsharded(self) -> None:
+        names = self.experimental_shard_axis_names
+        if names is not None and any(n is not None for n in tf.nest.flatten(names)):
+            raise NotImplementedError(
+                "NoUTurnSampler: sharded states (experimental_shard_axis_names="
+                f"{names!r}) are not supported; use tfp.mcmc.NoUTurnSampler for them")
+
     def bootstrap_results(self, init_state: Any) -> NUTSKernelResults:
-        parts = self._parts(init_state)
-        spec = _StateSpec(parts)
-        logp, g = spec.value_and_grad(self.target_log_prob_fn, spec.flatten(parts))
-        if logp.shape.rank != 1:
-            raise ValueError("NoUTurnSampler: target_log_prob_fn must return one value per chain "
-                             f"(shape [chains]), got shape {logp.shape}")
-        zeros_i = tf.zeros_like(logp, tf.int32)
-        false = tf.zeros_like(logp, tf.bool)
-        step_size = tf.nest.map_structure(
-            lambda s: tf.convert_to_tensor(s, spec.dtype), self.step_size)
-        seed = samplers.sanitize_seed(self.seed, salt="tfx_vec_nuts")
-        machine, target, restart = (), (), ()
-        if self.run_ahead:   # every member halted: the first step starts them all
-            start = _start_steps(logp[:, None])
-            restart = (*start[:2], spec.flatten(parts), logp, g,
-                       chain_seeds(seed, tf.shape(logp)[0]), *start[2:])
-            args = self._arguments(spec, parts, step_size, zeros_i, zeros_i, *restart[2:6])
-            program, opts = self._resumable(spec)
-            from tfx_vec.autobatch import program_counter
-            machine = program_counter.idle_machine(program, args, opts)
-            target = tf.constant(0, tf.int32)
-        return NUTSKernelResults(
-            target_log_prob=logp, grads_target_log_prob=spec.unflatten(g), step_size=step_size,
-            log_accept_ratio=tf.zeros_like(logp), is_accepted=false, leapfrogs_taken=zeros_i,
-            leapfrogs_computed=zeros_i, reach_max_depth=false, has_divergence=false, seed=seed,
-            machine=machine, ahead_target=target, ahead_restart=restart)
+        with tf.name_scope(self.name + ".bootstrap_results"):
+            self._check_unsharded()
+            parts = self._parts(init_state)
+            _StateSpec.check_dtype(parts)
+            logp, grads = mcmc_util.maybe_call_fn_and_grads(self.target_log_prob_fn, parts)
+            spec = _StateSpec(parts, _batch_ndims(logp, parts))
+            logp = tf.cast(logp, spec.dtype)
+            zeros_i = tf.zeros_like(logp, tf.int32)
+            false = tf.zeros_like(logp, tf.bool)
+            step_size = tf.nest.map_structure(
+                lambda s: tf.convert_to_tensor(s, spec.dtype), self.step_size)
+            self._flat_step_size(spec, parts, step_size)  # a step size that does not fit: now
+            seed = samplers.sanitize_seed(self.seed, salt="tfx_vec_nuts")
+            machine, target, restart = (), (), ()
+            if self.run_ahead:   # every member halted: the first step starts them all
+                q = spec.flatten(parts)
+                flat_logp, g = tf.reshape(logp, [spec.chains]), spec.flatten(grads)
+                start = _start_steps(q)
+                restart = (*start[:2], q, flat_logp, g, chain_seeds(seed, spec.chains),
+                           *start[2:])
+                args = self._arguments(spec, parts, step_size, start[0], start[0],
+                                       *restart[2:6])
+                program, opts = self._resumable(spec)
+                from tfx_vec.autobatch import program_counter
+                machine = program_counter.idle_machine(program, args, opts)
+                target = tf.constant(0, tf.int32)
+            return NUTSKernelResults(
+                target_log_prob=logp, grads_target_log_prob=list(grads), step_size=step_size,
+                log_accept_ratio=tf.zeros_like(logp), leapfrogs_taken=zeros_i,
+                is_accepted=false, reach_max_depth=false, has_divergence=false,
+                energy=logp - 0.5 * spec.dim,  # TFP's: a unit momentum in every coordinate
+                seed=seed, total_leapfrogs_taken=zeros_i, leapfrogs_computed=zeros_i,
+                machine=machine, ahead_target=target, ahead_restart=restart)
 
     def one_step(self, current_state: Any, previous_kernel_results: NUTSKernelResults,
                  seed: Any = None):
-        with tf.name_scope(self.name):
+        with tf.name_scope(self.name + ".one_step"):
+            self._check_unsharded()
             parts = self._parts(current_state)
-            spec = _StateSpec(parts)
             prev = previous_kernel_results
-            seed = samplers.sanitize_seed(prev.seed if seed is None else seed)
-            seed, next_seed = samplers.split_seed(seed)
+            spec = _StateSpec(parts, _batch_ndims(prev.target_log_prob, parts))
+            # the seed this step uses (kept in the results, as TFP does); without one, the
+            # carried seed advances
+            seed = samplers.sanitize_seed(samplers.split_seed(prev.seed)[1] if seed is None
+                                          else seed)
+            step_seed, _ = samplers.split_seed(seed)
             q = spec.flatten(parts)
-            chains = tf.shape(q)[0]
+            per_chain = functools.partial(_per_chain, spec)
             per_step = tf.constant(self.num_trajectories_per_step, tf.int32)
             machine, target, restart = (), (), ()
             if self.run_ahead:
                 target = prev.ahead_target + per_step
                 t, leapfrogs_so_far, q_s, l_s, g_s, seeds, *stats = prev.ahead_restart
                 # the first step's seed starts every chain's stream (all start then)
-                seeds = tf.where(tf.equal(prev.ahead_target, 0), chain_seeds(seed, chains),
-                                 seeds)
+                seeds = tf.where(tf.equal(prev.ahead_target, 0),
+                                 chain_seeds(step_seed, spec.chains), seeds)
                 # a chain may complete the next step's trajectories too (then it returns, and
                 # restarts at the next step with its output ready)
                 args = self._arguments(spec, parts, prev.step_size, target, target + per_step,
@@ -578,30 +697,35 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 from tfx_vec.autobatch import program_counter
                 out, regs, machine = program_counter.call_resumable(
                     program, args, opts, prev.machine, _all_reached, refresh=("target", "cap"))
-                (q, logp, g, log_accept, accepted, leapfrogs, reach_max, div) = (
+                (q, logp, g, log_accept, accepted, leapfrogs, reach_max, div, energy) = (
                     regs[n] for n in ("q_out", "l_out", "g_out", "log_accept_out",
-                                      "accepted_out", "leap_out", "reach_out", "div_out"))
-                leapfrogs = leapfrogs - prev.leapfrogs_taken  # leap_out counts from the start
+                                      "accepted_out", "leap_out", "reach_out", "div_out",
+                                      "e_out"))
+                # leap_out counts from the first step
+                leapfrogs = leapfrogs - per_chain(prev.total_leapfrogs_taken)
                 # where chains that ran to their cap (and returned) restart next step; the
                 # others are paused mid-program and resume from the machine
-                q_s, l_s, g_s, seed_0, t, leapfrogs_so_far, *stats, _ = out[8:]
+                q_s, l_s, g_s, seed_0, t, leapfrogs_so_far, *stats, _, _ = out[8:]
                 restart = (t, leapfrogs_so_far, q_s, l_s, g_s, seed_0, *stats)
             else:
                 args = self._arguments(spec, parts, prev.step_size, per_step, per_step, q,
-                                       prev.target_log_prob,
+                                       per_chain(prev.target_log_prob),
                                        spec.flatten(prev.grads_target_log_prob),
-                                       chain_seeds(seed, chains))
-                (q, logp, g, log_accept, accepted, leapfrogs, reach_max,
-                 div) = self._run(spec, args)[:8]
-            new_state = spec.unflatten(q)
-            if not tf.nest.is_nested(current_state):
-                new_state = new_state[0]
+                                       chain_seeds(step_seed, spec.chains))
+                out = self._run(spec, args)
+                (q, logp, g, log_accept, accepted, leapfrogs, reach_max, div) = out[:8]
+                energy = out[-1]
+            batch = spec.unflatten_batch
+            leapfrogs = batch(leapfrogs)
+            new_state = tf.nest.pack_sequence_as(current_state, spec.unflatten(q))
             results = NUTSKernelResults(
-                target_log_prob=logp, grads_target_log_prob=spec.unflatten(g),
-                step_size=prev.step_size, log_accept_ratio=log_accept, is_accepted=accepted,
-                leapfrogs_taken=prev.leapfrogs_taken + leapfrogs,
+                target_log_prob=batch(logp), grads_target_log_prob=spec.unflatten(g),
+                step_size=prev.step_size, log_accept_ratio=batch(log_accept),
+                leapfrogs_taken=leapfrogs, is_accepted=batch(accepted),
+                reach_max_depth=batch(reach_max), has_divergence=batch(div),
+                energy=-batch(energy),  # TFP's sign: log-density minus kinetic energy
+                seed=seed, total_leapfrogs_taken=prev.total_leapfrogs_taken + leapfrogs,
                 leapfrogs_computed=prev.leapfrogs_computed + tf.reduce_max(leapfrogs),
-                reach_max_depth=reach_max, has_divergence=div, seed=next_seed,
                 machine=machine, ahead_target=target, ahead_restart=restart)
             return new_state, results
 
@@ -626,8 +750,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
         """A kernel with some parameters replaced.  Changing only ``step_size``,
-        ``num_trajectories_per_step``, ``runtime``, ``seed`` or ``name`` keeps the compiled
-        programs (they take those as inputs or options)."""
+        ``num_trajectories_per_step``, ``runtime``, ``seed``, ``name`` or
+        ``parallel_iterations`` keeps the compiled programs (they take those as inputs or
+        options)."""
         params = {**self.parameters, **override_parameter_kwargs}
         new = type(self)(**params)
         program_params = ("target_log_prob_fn", "max_tree_depth", "max_energy_diff",
@@ -640,7 +765,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _parts(state: Any) -> list[tf.Tensor]:
-        parts = list(state) if tf.nest.is_nested(state) else [state]
+        parts = tf.nest.flatten(state)
+        if tf.nest.is_nested(state) and (not isinstance(state, (list, tuple))
+                                         or len(parts) != len(state)):
+            raise TypeError("NUTS does not currently support nested or non-list-like state "
+                            f"structures (saw: {state}).")
         return [tf.convert_to_tensor(p) for p in parts]
 
     @staticmethod
@@ -658,14 +787,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             s = tf.convert_to_tensor(s, spec.dtype)
             try:
                 full.append(tf.broadcast_to(s, tf.shape(p)))
+                tf.broadcast_static_shape(s.shape, p.shape)
             except (tf.errors.InvalidArgumentError, ValueError) as e:
                 raise ValueError(f"NoUTurnSampler: step size of shape {s.shape} does not "
                                  f"broadcast to the state part of shape {p.shape} (use "
                                  "[chains, 1, ...] for a step size per chain)") from e
         shape = tf.convert_to_tensor(steps[0], spec.dtype).shape
-        if all(s is steps[0] for s in steps) and all(
-                _ones_over_events(shape, p.shape.rank - 1) for p in parts):
-            return tf.reshape(full[0], [tf.shape(parts[0])[0], -1])[:, :1]
+        if spec.sizes[0] > 0 and all(s is steps[0] for s in steps) and all(
+                _ones_over_events(shape, p.shape.rank - spec.batch_ndims) for p in parts):
+            return tf.reshape(full[0], [spec.chains, spec.sizes[0]])[:, :1]
         return spec.flatten(full)
 
     def _program(self, spec: _StateSpec, batched: bool) -> Callable:
@@ -705,6 +835,29 @@ def _ones_over_events(shape: tf.TensorShape, events: int) -> bool:
         return False
     tail = shape.as_list()[max(0, shape.rank - events):] if events else []
     return all(d == 1 for d in tail)
+
+
+def _batch_ndims(target_log_prob: tf.Tensor, parts: Sequence[tf.Tensor]) -> int:
+    """The number of batch (chain) dimensions: the rank of the target's output, as TFP reads
+    it; the state parts must start with those dimensions."""
+    rank = target_log_prob.shape.rank
+    if rank is None:
+        raise ValueError("NoUTurnSampler: target_log_prob_fn returned a value of unknown rank; "
+                         "its rank is the number of batch (chain) dimensions and must be known")
+    for p in parts:
+        if p.shape.rank is not None and (
+                p.shape.rank < rank
+                or not p.shape[:rank].is_compatible_with(target_log_prob.shape)):
+            raise ValueError(
+                "NoUTurnSampler: target_log_prob_fn must return one value per chain: its "
+                f"output's shape {target_log_prob.shape} must be the leading dimensions of "
+                f"every state part, got a part of shape {p.shape}")
+    return rank
+
+
+def _per_chain(spec: _StateSpec, values: tf.Tensor) -> tf.Tensor:
+    """Values of the batch shape -> one per flat chain ``[chains]``."""
+    return tf.reshape(values, [spec.chains])
 
 
 def _identity(fn: Callable) -> Callable:
