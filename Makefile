@@ -2,9 +2,9 @@
 # create .venv, install tfx_vec with its extras, install PoCL (OpenCL on the CPU) when run as
 # root with apt, then run.  Re-running skips what is already done.
 #
-# On an idle 2-core machine `make test` (what CI runs, through .ci/run) takes about 12 minutes,
-# the install included, and `make bench` about 15; up to twice that on a busy machine (the suite
-# uses about 10 minutes of CPU time, the small benchmarks about 14).  `make bench` runs every
+# On an idle 2-core machine `make test` (what CI runs, through .ci/run) takes about 30 minutes,
+# the install included (most of it the NUTS and multi-worker tests), and `make bench` about 15;
+# up to twice that on a busy machine.  `make bench` runs every
 # benchmark at small sizes and writes benchmarks/results/quick/; full-size runs are
 # `python -m benchmarks NAME`.
 PYTHON ?= python3
