@@ -128,26 +128,24 @@ def test_variant_push_after_invariant_push_is_an_error(rng):
         tfx_vec.pfor(loop_fn, 3)
 
 
-def test_stack_under_a_loop_variant_cond_is_an_error(rng):
-    x = tf.constant(rng.normal(size=(3,)), tf.float32)
-
+def _push_pop_under_cond(x: tf.Tensor):
+    """A body that pushes and pops its own stack in a branch taken by some iterations only."""
     def loop_fn(i):
         s = stacks.stack_v2(max_size=1, elem_type=tf.float32)
         xi = tf.gather(x, i)
         return tf.cond(xi > 0, lambda: _pop_n(s, 1, stacks.stack_push_v2(s, xi))[0],
                        lambda: xi)
+    return loop_fn
+
+
+def test_stack_under_a_loop_variant_cond_is_an_error(rng):
+    loop_fn = _push_pop_under_cond(tf.constant(rng.normal(size=(3,)), tf.float32))
     with pytest.raises(tfx_vec.VectorizationError, match="lock step"):
         tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False)
 
 
 def test_stack_under_a_masked_cond_under_xla_is_an_error(rng):
-    x = tf.constant(rng.normal(size=(3,)), tf.float32)
-
-    def loop_fn(i):
-        s = stacks.stack_v2(max_size=1, elem_type=tf.float32)
-        xi = tf.gather(x, i)
-        return tf.cond(xi > 0, lambda: _pop_n(s, 1, stacks.stack_push_v2(s, xi))[0],
-                       lambda: xi)
+    loop_fn = _push_pop_under_cond(tf.constant(rng.normal(size=(3,)), tf.float32))
     run = tf.function(lambda: tfx_vec.pfor(loop_fn, 3, fallback_to_while_loop=False),
                       jit_compile=True, autograph=False)
     with pytest.raises(tfx_vec.VectorizationError, match="StackPushV2.*lock step"):
