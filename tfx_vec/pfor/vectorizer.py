@@ -165,6 +165,9 @@ class Vectorizer:
         #: How many masked forms (under XLA: every branch / the loop body run on all
         #: iterations, the inactive ones' results discarded) the current conversion is in.
         self.masked_depth = 0
+        #: What converters keep for the length of this conversion, one entry per converter
+        #: family (see :func:`~tfx_vec.pfor.converters._helpers.conversion_state`).
+        self.converter_state: dict[str, Any] = {}
 
     # {{{ graph walk
 

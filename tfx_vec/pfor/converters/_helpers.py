@@ -118,6 +118,15 @@ def attr_value(v: Any):
     return a
 
 
+def conversion_state(x: ConversionInput, key: str, make: Callable[[], Any]) -> Any:
+    """State a converter family keeps for the length of one conversion (stacks it created,
+    gradient arrays, cached gather indices), made by ``make()`` on first use."""
+    state = x.vectorizer.converter_state
+    if key not in state:
+        state[key] = make()
+    return state[key]
+
+
 def stacked(*tensors: tf.Tensor) -> list[WrappedTensor]:
     """Wrap every tensor as stacked."""
     return [WrappedTensor(t, True) for t in tensors]

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_list_ops, handle_data_util, list_ops
 
-from tfx_vec.pfor.converters._helpers import positions_of
+from tfx_vec.pfor.converters._helpers import conversion_state, positions_of
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
@@ -322,7 +322,7 @@ def _to_buffer_rows(x: ConversionInput, values: tf.Tensor, rows: tf.Tensor | Non
     graph = tf.compat.v1.get_default_graph()
     context = graph._get_control_flow_context()  # pylint: disable=protected-access
     key = (rows.ref(), n_rows.ref() if isinstance(n_rows, tf.Tensor) else n_rows, id(context))
-    cache = x.vectorizer.__dict__.setdefault("_tfx_vec_row_sources", {})
+    cache = conversion_state(x, "row_sources", dict)
     source = cache.get(key)
     if source is None or source.graph is not graph:
         m = tf.size(rows)

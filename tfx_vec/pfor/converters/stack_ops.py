@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like
+from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -64,7 +64,7 @@ def _stack_op(x: ConversionInput) -> tf.Operation:
 
 def _state(x: ConversionInput) -> tuple[set, dict]:
     """(StackV2 ops this conversion created, {StackV2 op: whether it holds stacked values})."""
-    return x.vectorizer.__dict__.setdefault("_tfx_vec_stacks", (set(), {}))
+    return conversion_state(x, "stacks", lambda: (set(), {}))
 
 
 @register_converter("StackV2")

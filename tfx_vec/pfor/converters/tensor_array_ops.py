@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import create_op_like, fold_batch
+from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like, fold_batch
 from tfx_vec.pfor.converters.nn_ops import converter
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
@@ -53,7 +53,7 @@ def _shared_handle(x: ConversionInput) -> tf.Tensor:
 def _gradient_arrays(x: ConversionInput) -> set:
     """The gradient arrays (``TensorArrayGradWithShape`` ops) this conversion made: their
     elements are ``[n, ...]``, every iteration's gradient."""
-    return x.vectorizer.__dict__.setdefault("_tfx_vec_gradient_arrays", set())
+    return conversion_state(x, "gradient_arrays", set)
 
 
 def _per_iteration_array(x: ConversionInput, handle: tf.Tensor) -> bool:
