@@ -193,7 +193,7 @@ def test_shard_axis_names_are_recorded_and_sharded_states_refused():
     assert kernel.experimental_shard_axis_names is None
     sharded = kernel.experimental_with_shard_axes(["a"])
     assert sharded.experimental_shard_axis_names == ["a"]
-    with pytest.raises(NotImplementedError, match="sharded states"):
+    with pytest.raises(ValueError, match="sharded states"):
         sharded.bootstrap_results(tf.ones([2, 3]))
     with pytest.raises(ValueError, match="parallel_iterations"):
         NoUTurnSampler(_gauss, step_size=0.1, parallel_iterations=0)

@@ -526,7 +526,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       parallel_iterations: TFP's argument, recorded in ``parameters`` (the batched program's
         loop runs one block per iteration).
       experimental_shard_axis_names: TFP's argument, recorded; sampling a sharded state (any
-        name not None) raises ``NotImplementedError``.
+        name not None) raises a ``ValueError``.
       name: name scope of the kernel's ops.
       num_trajectories_per_step: trajectories run back to back in one batched program per
         ``one_step``; only the last state is returned (thinning).  With the program-counter
@@ -627,9 +627,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def _check_unsharded(self) -> None:
         names = self.experimental_shard_axis_names
         if names is not None and any(n is not None for n in tf.nest.flatten(names)):
-            raise NotImplementedError(
+            raise ValueError(
                 "NoUTurnSampler: sharded states (experimental_shard_axis_names="
-                f"{names!r}) are not supported; use tfp.mcmc.NoUTurnSampler for them")
+                f"{names!r}) are not supported; use tfp.mcmc.NoUTurnSampler for them, or "
+                "give every chain its whole state and spread the chains over devices with "
+                "tfx_vec.distribute.sample_chains")
 
     def bootstrap_results(self, init_state: Any) -> NUTSKernelResults:
         with tf.name_scope(self.name + ".bootstrap_results"):

@@ -339,7 +339,9 @@ def make_dp_model_class(cls: type) -> type:
 
 def _keras_dp_train_step(model: keras.Model, data: Any) -> dict:
     if keras.backend.backend() != "tensorflow":
-        raise NotImplementedError("DP-SGD's train_step needs the TensorFlow backend of Keras")
+        raise ValueError(f"DP-SGD's train_step runs on Keras' TensorFlow backend, but Keras uses "
+                         f"{keras.backend.backend()!r}: set KERAS_BACKEND=tensorflow before "
+                         "keras is imported")
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     variables = model.trainable_variables
     # Keras scales the compiled loss by 1/replicas for its own all-reduce: undo it, the
