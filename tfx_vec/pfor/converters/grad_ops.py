@@ -145,9 +145,10 @@ def _conv_backprop_input(x: ConversionInput, spatial: int, grouped_ok: bool):
         out = lay.emit([new_sizes, fold_into_channels(filt, spatial),
                         lay.images(x.input(2).t, False)])
     elif grouped_ok and not (x.vectorizer.xla or grouped_gradient_kernels()):
+        if not _one_group(lay.channels(x.op.outputs[0]), static_dim(filt, -2)):
+            return None
         filters = _block_diagonal(x, filt, spatial)
-        if filters is None or not _one_group(lay.channels(x.op.outputs[0]),
-                                             static_dim(filt, -2)):
+        if filters is None:
             return None
         out = lay.emit([new_sizes, filters,
                         fold_into_channels(lay.images(x.stacked_input(2), True), c)])
