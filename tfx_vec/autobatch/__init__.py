@@ -8,7 +8,8 @@ Public names:
 * :func:`function` (``@ab.function``): the decorator; :class:`AutobatchFunction` what it makes;
 * :func:`describe`: print a batched function's compiled program;
 * :class:`NoUTurnSampler`: a recursive NUTS batched by this compiler, as a TFP
-  ``TransitionKernel`` (imported on first use: it needs TensorFlow Probability);
+  ``TransitionKernel`` (imported on first use: it needs TensorFlow Probability), and
+  :func:`windowed_adaptive_nuts`: its warm-up of step size and diagonal mass matrix;
 * the errors, all subclasses of :class:`AutobatchError`: :class:`UnsupportedSyntaxError`,
   :class:`TypeInferenceError`, :class:`StackOverflowError`, :class:`MaxStepsExceededError`,
   :class:`PrimitiveError`.
@@ -30,16 +31,16 @@ from .api import AutobatchFunction, describe, function
 from .errors import (AutobatchError, MaxStepsExceededError, PrimitiveError, StackOverflowError,
                      TypeInferenceError, UnsupportedSyntaxError)
 
-__all__ = ["function", "describe", "AutobatchFunction", "NoUTurnSampler", "AutobatchError",
-           "UnsupportedSyntaxError", "TypeInferenceError", "StackOverflowError",
+__all__ = ["function", "describe", "AutobatchFunction", "NoUTurnSampler",
+           "windowed_adaptive_nuts", "AutobatchError", "UnsupportedSyntaxError", "TypeInferenceError", "StackOverflowError",
            "MaxStepsExceededError", "PrimitiveError"]
 
 
 def __getattr__(name: str):
     # NUTS needs TensorFlow Probability (and through it tf_keras): imported on first use only
-    if name == "NoUTurnSampler":
-        from .nuts import NoUTurnSampler
-        return NoUTurnSampler
+    if name in ("NoUTurnSampler", "windowed_adaptive_nuts"):
+        from . import nuts
+        return getattr(nuts, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -48,7 +48,7 @@ import tensorflow_probability as tfp
 from tensorflow_probability.python.internal import samplers
 from tensorflow_probability.python.mcmc.internal import util as mcmc_util
 
-__all__ = ["NoUTurnSampler", "NUTSKernelResults", "RUNTIMES"]
+__all__ = ["NoUTurnSampler", "NUTSKernelResults", "RUNTIMES", "windowed_adaptive_nuts"]
 
 RUNTIMES = ("program_counter", "local_static", "hybrid", "python")
 
@@ -407,6 +407,186 @@ def _start_steps(q):
 
 # }}}
 
+# {{{ momentum distributions: a Gaussian mass matrix as a linear change of coordinates
+
+_MOMENTUM_HELP = (
+    "pass a zero-mean Gaussian with no batch shape (one mass matrix for all chains): "
+    "tfd.MultivariateNormalDiag, tfd.Independent(tfd.Normal(0., scale), k), "
+    "tfd.MultivariateNormalTriL, tfd.MultivariateNormalLinearOperator or "
+    "tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator; for "
+    "several state parts, one such distribution per part in a tfd.JointDistributionSequential")
+
+_DIAGONAL_OPERATORS = (tf.linalg.LinearOperatorDiag, tf.linalg.LinearOperatorIdentity,
+                       tf.linalg.LinearOperatorScaledIdentity)
+
+
+def _static_or_tensor(x: Any) -> Any:
+    """A numpy value when ``x`` is known statically (the programs then capture no tensor of
+    the graph the kernel was built in), else ``x``."""
+    value = tf.get_static_value(x)
+    return x if value is None else value
+
+
+def _momentum_block(dist: Any) -> tuple:
+    """One state part's momentum distribution N(0, M) as ``(factor, inverse)``: the factor C
+    has C C^T = M^-1 (the momentum's precision); it is a vector (the diagonal, and
+    ``inverse`` is None) when M is diagonal, else a matrix [n, n] with its inverse."""
+    tfd = tfp.distributions
+    name = type(dist).__name__
+    if not isinstance(dist, tfd.Distribution):
+        raise ValueError(f"NoUTurnSampler: momentum_distribution must be a distribution, got "
+                         f"{name}; {_MOMENTUM_HELP}")
+    if not dist.batch_shape.is_fully_defined() or dist.batch_shape.num_elements() != 1:
+        raise ValueError(f"NoUTurnSampler: momentum_distribution {name} has batch shape "
+                         f"{dist.batch_shape}; {_MOMENTUM_HELP}")
+    if not dist.event_shape.is_fully_defined():
+        raise ValueError(f"NoUTurnSampler: momentum_distribution {name} needs a static event "
+                         f"shape, got {dist.event_shape}")
+    loc = getattr(dist.distribution if isinstance(dist, tfd.Independent) else dist, "loc",
+                  None)
+    static_loc = None if loc is None else tf.get_static_value(loc)
+    if loc is not None and (static_loc is None or np.any(static_loc != 0)):
+        raise ValueError(f"NoUTurnSampler: momentum_distribution {name} must have mean zero "
+                         "(known when the kernel is built); pass loc=None")
+    size = dist.event_shape.num_elements()
+    if isinstance(dist, tfd.Independent) and isinstance(dist.distribution, tfd.Normal) or \
+            isinstance(dist, tfd.Normal):
+        normal = dist.distribution if isinstance(dist, tfd.Independent) else dist
+        scale = tf.broadcast_to(normal.scale, dist.batch_shape + dist.event_shape)
+        return _static_or_tensor(tf.reshape(1.0 / scale, [size])), None
+    # C is the momentum's precision factor F, or S^-T for its covariance's scale S
+    if isinstance(dist, tfp.experimental.distributions
+                  .MultivariateNormalPrecisionFactorLinearOperator):
+        op, is_scale = dist.precision_factor, False
+    elif isinstance(dist, tfd.MultivariateNormalLinearOperator):
+        op, is_scale = dist.scale, True
+    else:
+        raise ValueError(f"NoUTurnSampler: cannot use momentum_distribution {name} (not a "
+                         f"Gaussian whose mass matrix it can read); {_MOMENTUM_HELP}")
+    if isinstance(op, _DIAGONAL_OPERATORS):
+        diag = tf.broadcast_to(op.diag_part(), [size])
+        return _static_or_tensor(1.0 / diag if is_scale else diag), None
+    matrix = tf.reshape(op.to_dense(), [size, size])
+    factor = tf.linalg.matrix_transpose(tf.linalg.inv(matrix)) if is_scale else matrix
+    return _static_or_tensor(factor), _static_or_tensor(tf.linalg.inv(factor))
+
+
+class _Momentum:
+    """A Gaussian momentum distribution N(0, M) as the factor C of its precision (C C^T = M^-1).
+
+    With q = C y and momentum p_y = C^T p, the Hamiltonian -log pi(q) + p^T M^-1 p / 2 is
+    -log pi(C y) + |p_y|^2 / 2, and the leapfrog on (q, p) with velocity M^-1 p is the
+    identity-metric leapfrog on (y, p_y); the generalized U-turn criterion (velocity at an end
+    dotted with the summed momenta) and the energy are the same numbers too.  So the program
+    stays the identity-metric one and runs on y:
+
+    * a diagonal C needs no change of coordinates at all: the same leapfrog is the
+      identity-metric one with per-coordinate step sizes ``step * c`` on q itself;
+    * a dense C turns the target into ``y -> pi(C y)`` with gradient ``C^T grad`` (two
+      ``[chains, D] x [D, D]`` products per leapfrog); the state goes to y and back once per
+      ``one_step``.  A step size must then be the same for every coordinate.
+
+    ``log_normalizer`` is -log N(0; 0, M): TFP's kinetic energy ``-momentum_distribution
+    .log_prob(p)`` is ``|C^T p|^2 / 2`` plus it.
+    """
+
+    def __init__(self, dist: Any):
+        parts = getattr(dist, "model", None)
+        if isinstance(dist, tfp.distributions.JointDistribution):
+            if not isinstance(parts, (list, tuple)) or not all(
+                    isinstance(d, tfp.distributions.Distribution) for d in parts):
+                raise ValueError(
+                    f"NoUTurnSampler: momentum_distribution {type(dist).__name__} must list "
+                    "one distribution per state part, in order (not callables); "
+                    + _MOMENTUM_HELP)
+        else:
+            parts = [dist]
+        blocks = [_momentum_block(d) for d in parts]
+        self.sizes = tuple(int(np.prod(d.event_shape, dtype=np.int64)) for d in parts)
+        self.diagonal = all(inverse is None for _, inverse in blocks)
+        if self.diagonal:
+            self.factor = _concat([f for f, _ in blocks])
+            self.inverse = None
+            log_det = tf.reduce_sum(tf.math.log(tf.abs(self.factor)))
+        else:
+            dense = [(f, i) if i is not None else (_diag(f), _diag(1.0 / f)) for f, i in blocks]
+            self.factor, self.inverse = (_block_diagonal([b[k] for b in dense]) for k in (0, 1))
+            log_det = tf.linalg.slogdet(tf.convert_to_tensor(self.factor))[1]
+        dim = sum(self.sizes)
+        self.log_normalizer = _static_or_tensor(0.5 * dim * math.log(2 * math.pi) - log_det)
+
+    def check(self, spec: _StateSpec) -> None:
+        if self.sizes != spec.sizes:
+            raise ValueError(
+                "NoUTurnSampler: momentum_distribution does not match the state: its event "
+                f"sizes are {list(self.sizes)}, the state parts' {list(spec.sizes)}; "
+                + _MOMENTUM_HELP)
+
+    def step_size(self, flat_step: tf.Tensor) -> tf.Tensor:
+        """The identity-metric program's step sizes: ``step * c``, or the step itself."""
+        if self.diagonal:
+            return flat_step * _cast(self.factor, flat_step.dtype)
+        if flat_step.shape[-1] != 1:
+            raise ValueError(
+                "NoUTurnSampler: with a dense momentum_distribution the step size must be the "
+                "same for every coordinate (a scalar, or [chains, 1] for one per chain); put "
+                "per-coordinate scales into the mass matrix instead")
+        return flat_step
+
+    def to_program(self, q: tf.Tensor, g: tf.Tensor) -> tuple:
+        """State and gradient ``[B, D]`` in the program's coordinates y = C^-1 q."""
+        if self.diagonal:
+            return q, g
+        return (tf.matmul(q, _cast(self.inverse, q.dtype), transpose_b=True),
+                tf.matmul(g, _cast(self.factor, g.dtype)))
+
+    def from_program(self, y: tf.Tensor, g: tf.Tensor) -> tuple:
+        """The inverse of :meth:`to_program`."""
+        if self.diagonal:
+            return y, g
+        return (tf.matmul(y, _cast(self.factor, y.dtype), transpose_b=True),
+                tf.matmul(g, _cast(self.inverse, g.dtype)))
+
+    def target(self, vg: Callable) -> Callable:
+        """The log-density and gradient ``vg`` of q, as functions of y."""
+        if self.diagonal:
+            return vg
+
+        def vg_y(y):
+            logp, g = vg(tf.matmul(y, _cast(self.factor, y.dtype), transpose_b=True))
+            return logp, tf.matmul(g, _cast(self.factor, g.dtype))
+        return vg_y
+
+
+def _cast(x: Any, dtype: tf.DType) -> tf.Tensor:
+    return tf.cast(x, dtype)
+
+
+def _concat(values: list) -> Any:
+    """Concatenated vectors: numpy when all are, else a tensor."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values)
+    return tf.concat([tf.convert_to_tensor(v) for v in values], 0)
+
+
+def _diag(vector: Any) -> Any:
+    return np.diag(vector) if isinstance(vector, np.ndarray) else tf.linalg.diag(vector)
+
+
+def _block_diagonal(blocks: list) -> Any:
+    """The block-diagonal matrix of square ``blocks`` (numpy when all are)."""
+    if all(isinstance(b, np.ndarray) for b in blocks):
+        out = np.zeros([sum(len(b) for b in blocks)] * 2, blocks[0].dtype)
+        start = 0
+        for b in blocks:
+            out[start:start + len(b), start:start + len(b)] = b
+            start += len(b)
+        return out
+    return tf.linalg.LinearOperatorBlockDiag(
+        [tf.linalg.LinearOperatorFullMatrix(tf.convert_to_tensor(b)) for b in blocks]).to_dense()
+
+# }}}
+
 # {{{ the single-chain program
 
 
@@ -520,6 +700,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         dimensions as independent chains and must not raise on finite inputs.
       step_size: a float, a tensor broadcastable to each state part (``[chains, 1]`` gives a
         step size per chain), or a list with one such entry per state part.
+      momentum_distribution: (keyword) the momentum's distribution N(0, M), with the meaning
+        of ``tfp.experimental.mcmc.PreconditionedNoUTurnSampler``'s argument: kinetic energy
+        ``-momentum_distribution.log_prob(p)``, velocity its gradient M^-1 p (the position
+        update and the U-turn criterion use it), ``energy`` in the results includes its
+        normalizing constant.  A zero-mean Gaussian without batch shape: a diagonal M
+        (``tfd.MultivariateNormalDiag``, ``tfd.Independent(tfd.Normal(0., s), k)``, a
+        diagonal operator) costs nothing extra (it is per-coordinate step sizes); a dense one
+        (``tfd.MultivariateNormalTriL``, ``tfd.MultivariateNormalLinearOperator``,
+        ``tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator``)
+        two ``[chains, D] x [D, D]`` products per leapfrog, and needs a step size that is the
+        same for every coordinate.  Several state parts: one per part in a
+        ``tfd.JointDistributionSequential``.  ``None`` (default): the identity.
       max_tree_depth: a trajectory has at most ``2**max_tree_depth - 1`` leaves.
       max_energy_diff: a leaf whose energy exceeds the initial one by more is a divergence.
       unrolled_leapfrog_steps: leapfrog steps per leaf (the paper uses 4 to amortize control).
@@ -567,7 +759,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                  parallel_iterations: int = 10, experimental_shard_axis_names: Any = None,
                  name: str | None = None, *, num_trajectories_per_step: int = 1,
                  runtime: str = "program_counter", seed: Any = None,
-                 scheduler: str = "earliest", run_ahead: bool = False):
+                 scheduler: str = "earliest", run_ahead: bool = False,
+                 momentum_distribution: Any = None):
         max_tree_depth = tf.get_static_value(max_tree_depth)
         if max_tree_depth is None or int(max_tree_depth) < 1:
             raise ValueError("NoUTurnSampler: max_tree_depth must be known statically and >= 1, "
@@ -597,7 +790,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             parallel_iterations=int(parallel_iterations),
             experimental_shard_axis_names=experimental_shard_axis_names,
             name=name or "tfx_vec_nuts", num_trajectories_per_step=int(num_trajectories_per_step),
-            runtime=runtime, seed=seed, scheduler=scheduler, run_ahead=bool(run_ahead))
+            runtime=runtime, seed=seed, scheduler=scheduler, run_ahead=bool(run_ahead),
+            momentum_distribution=momentum_distribution)
+        self._momentum = (None if momentum_distribution is None
+                          else _Momentum(momentum_distribution))
         self._programs: dict = {}
 
     # -- TFP kernel protocol -------------------------------------------------------------
@@ -645,12 +841,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             false = tf.zeros_like(logp, tf.bool)
             step_size = tf.nest.map_structure(
                 lambda s: tf.convert_to_tensor(s, spec.dtype), self.step_size)
-            self._flat_step_size(spec, parts, step_size)  # a step size that does not fit: now
+            self._program_step_size(spec, parts, step_size)  # a step size that does not fit: now
             seed = samplers.sanitize_seed(self.seed, salt="tfx_vec_nuts")
             machine, target, restart = (), (), ()
             if self.run_ahead:   # every member halted: the first step starts them all
-                q = spec.flatten(parts)
-                flat_logp, g = tf.reshape(logp, [spec.chains]), spec.flatten(grads)
+                q, g = self._to_program(spec.flatten(parts), spec.flatten(grads))
+                flat_logp = tf.reshape(logp, [spec.chains])
                 start = _start_steps(q)
                 restart = (*start[:2], q, flat_logp, g, chain_seeds(seed, spec.chains),
                            *start[2:])
@@ -664,7 +860,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 target_log_prob=logp, grads_target_log_prob=list(grads), step_size=step_size,
                 log_accept_ratio=tf.zeros_like(logp), leapfrogs_taken=zeros_i,
                 is_accepted=false, reach_max_depth=false, has_divergence=false,
-                energy=logp - 0.5 * spec.dim,  # TFP's: a unit momentum in every coordinate
+                # TFP's: a unit momentum in every coordinate
+                energy=logp - 0.5 * spec.dim - self._log_normalizer(spec.dtype),
                 seed=seed, total_leapfrogs_taken=zeros_i, leapfrogs_computed=zeros_i,
                 machine=machine, ahead_target=target, ahead_restart=restart)
 
@@ -703,6 +900,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                     regs[n] for n in ("q_out", "l_out", "g_out", "log_accept_out",
                                       "accepted_out", "leap_out", "reach_out", "div_out",
                                       "e_out"))
+                q, g = self._from_program(q, g)
                 # leap_out counts from the first step
                 leapfrogs = leapfrogs - per_chain(prev.total_leapfrogs_taken)
                 # where chains that ran to their cap (and returned) restart next step; the
@@ -710,12 +908,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 q_s, l_s, g_s, seed_0, t, leapfrogs_so_far, *stats, _, _ = out[8:]
                 restart = (t, leapfrogs_so_far, q_s, l_s, g_s, seed_0, *stats)
             else:
+                q, g = self._to_program(q, spec.flatten(prev.grads_target_log_prob))
                 args = self._arguments(spec, parts, prev.step_size, per_step, per_step, q,
-                                       per_chain(prev.target_log_prob),
-                                       spec.flatten(prev.grads_target_log_prob),
+                                       per_chain(prev.target_log_prob), g,
                                        chain_seeds(step_seed, spec.chains))
                 out = self._run(spec, args)
                 (q, logp, g, log_accept, accepted, leapfrogs, reach_max, div) = out[:8]
+                q, g = self._from_program(q, g)
                 energy = out[-1]
             batch = spec.unflatten_batch
             leapfrogs = batch(leapfrogs)
@@ -725,7 +924,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 step_size=prev.step_size, log_accept_ratio=batch(log_accept),
                 leapfrogs_taken=leapfrogs, is_accepted=batch(accepted),
                 reach_max_depth=batch(reach_max), has_divergence=batch(div),
-                energy=-batch(energy),  # TFP's sign: log-density minus kinetic energy
+                # TFP's sign: log-density minus kinetic energy
+                energy=-batch(energy) - self._log_normalizer(spec.dtype),
                 seed=seed, total_leapfrogs_taken=prev.total_leapfrogs_taken + leapfrogs,
                 leapfrogs_computed=prev.leapfrogs_computed + tf.reduce_max(leapfrogs),
                 machine=machine, ahead_target=target, ahead_restart=restart)
@@ -741,7 +941,27 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         stats = stats if stats is not None else _start_steps(q)[2:]
         target, cap = (tf.broadcast_to(x, tf.shape(logp)) for x in (target, cap))
         return (*counts, *stats, target, cap, q, logp, g,
-                self._flat_step_size(spec, parts, step_size), seeds)
+                self._program_step_size(spec, parts, step_size), seeds)
+
+    def _program_step_size(self, spec: _StateSpec, parts: list, step_size: Any) -> tf.Tensor:
+        """The flat step sizes the identity-metric program takes (see :class:`_Momentum`)."""
+        flat = self._flat_step_size(spec, parts, step_size)
+        if self._momentum is None:
+            return flat
+        self._momentum.check(spec)
+        return self._momentum.step_size(flat)
+
+    def _to_program(self, q: tf.Tensor, g: tf.Tensor) -> tuple:
+        """Flat state and gradient in the program's coordinates (see :class:`_Momentum`)."""
+        return (q, g) if self._momentum is None else self._momentum.to_program(q, g)
+
+    def _from_program(self, q: tf.Tensor, g: tf.Tensor) -> tuple:
+        return (q, g) if self._momentum is None else self._momentum.from_program(q, g)
+
+    def _log_normalizer(self, dtype: tf.DType) -> Any:
+        """What TFP's kinetic energy adds to ours: -log N(0; 0, M), or 0 without a
+        momentum distribution (as ``tfp.mcmc.NoUTurnSampler``)."""
+        return 0.0 if self._momentum is None else _cast(self._momentum.log_normalizer, dtype)
 
     def _resumable(self, spec: _StateSpec) -> tuple:
         """The batched program and the options :func:`program_counter.call_resumable` runs
@@ -752,19 +972,26 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
         """A kernel with some parameters replaced.  Changing only ``step_size``,
-        ``num_trajectories_per_step``, ``runtime``, ``seed``, ``name`` or
-        ``parallel_iterations`` keeps the compiled programs (they take those as inputs or
-        options)."""
+        ``num_trajectories_per_step``, ``runtime``, ``seed``, ``name``,
+        ``parallel_iterations`` or a diagonal ``momentum_distribution`` keeps the compiled
+        programs (they take those as inputs or options)."""
         params = {**self.parameters, **override_parameter_kwargs}
         new = type(self)(**params)
         program_params = ("target_log_prob_fn", "max_tree_depth", "max_energy_diff",
                           "unrolled_leapfrog_steps")
         if all(params[k] is self.parameters[k] or params[k] == self.parameters[k]
-               for k in program_params):
+               for k in program_params) and (
+                   params["momentum_distribution"] is self.momentum_distribution
+                   or new._momentum_keeps_programs() and self._momentum_keeps_programs()):
             new._programs = self._programs
         return new
 
     # -- helpers -------------------------------------------------------------------------
+    def _momentum_keeps_programs(self) -> bool:
+        """Does the program not depend on the momentum distribution (none, or diagonal: a
+        step size input)?"""
+        return self._momentum is None or self._momentum.diagonal
+
     @staticmethod
     def _parts(state: Any) -> list[tf.Tensor]:
         parts = tf.nest.flatten(state)
@@ -804,6 +1031,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         key = (spec.key, batched)
         if key not in self._programs:
             vg = functools.partial(spec.value_and_grad, self.target_log_prob_fn)
+            if self._momentum is not None:
+                self._momentum.check(spec)
+                vg = self._momentum.target(vg)
             if batched:
                 from tfx_vec import autobatch as ab
                 # NUTS always terminates; max_steps only guards the runtime's loop.
@@ -864,5 +1094,121 @@ def _per_chain(spec: _StateSpec, values: tf.Tensor) -> tf.Tensor:
 
 def _identity(fn: Callable) -> Callable:
     return fn
+
+# }}}
+
+# {{{ windowed adaptation: step size and diagonal mass matrix from the warm-up draws
+
+
+def _adaptation_windows(num_steps: int) -> list[tuple[int, bool]]:
+    """Stan's warm-up schedule as ``(length, estimate_variance)`` windows: a fast window (step
+    size only), slow windows doubling from 25 steps (each ends with a new variance estimate;
+    the last one takes what the next doubling would not fill), a final fast window.  Under 150
+    steps: 15% / 75% / 10%."""
+    if num_steps < 150:
+        first, last = int(0.15 * num_steps), int(0.1 * num_steps)
+        size = num_steps - first - last
+    else:
+        first, last, size = 75, 50, 25
+    windows, left = [(first, False)], num_steps - first - last
+    while left > 0:
+        size = left if left < 3 * size else size
+        windows.append((size, True))
+        left, size = left - size, 2 * size
+    return [w for w in windows + [(last, False)] if w[0] > 0]
+
+
+def windowed_adaptive_nuts(num_draws: int, target_log_prob_fn: Callable, initial_state: Any,
+                           *, num_adaptation_steps: int = 500, step_size: float = 0.1,
+                           target_accept_prob: float = 0.75, seed: Any = None,
+                           jit_compile: bool = True, **kernel_kwargs: Any) -> tuple:
+    """Warm up NUTS (step size and diagonal mass matrix), then draw ``num_draws`` states.
+
+    Stan's windowed adaptation, as ``tfp.experimental.mcmc.windowed_adaptive_nuts`` does it:
+    ``tfp.mcmc.DualAveragingStepSizeAdaptation`` of one step size for all chains throughout,
+    restarted at each window; after each slow window (see :func:`_adaptation_windows`) the
+    variance of that window's draws (pooled over chains, shrunk towards 1e-3 as Stan does)
+    becomes the inverse mass matrix: ``momentum_distribution =
+    tfd.MultivariateNormalDiag(scale_diag=variance ** -0.5)``.  One compiled step function
+    serves every window and the draws (a diagonal mass matrix is a step-size input of the
+    program).
+
+    Args:
+      num_draws: states kept after the warm-up.
+      target_log_prob_fn, initial_state: as for :class:`NoUTurnSampler` (``initial_state``:
+        a tensor or a list of parts ``[chains, *event]``).
+      num_adaptation_steps: warm-up steps (Stan's default is 1000; 75 + 25... + 50 above 150).
+      step_size: the initial step size.
+      target_accept_prob: dual averaging's target mean acceptance probability.
+      seed: a stateless seed.
+      jit_compile: compile the step with XLA (else a plain ``tf.function``).
+      **kernel_kwargs: other :class:`NoUTurnSampler` arguments (``max_tree_depth``, ...).
+
+    Returns:
+      ``(draws, kernel)``: the draws (each part ``[num_draws, chains, *event]``, in the
+      structure of ``initial_state``) and the tuned kernel (its ``step_size`` and
+      ``momentum_distribution``) to go on sampling with.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> sd = tf.constant([0.1, 1.0, 10.0])
+        >>> draws, kernel = windowed_adaptive_nuts(
+        ...     5, lambda x: -0.5 * tf.reduce_sum((x / sd) ** 2, -1), tf.ones([4, 3]),
+        ...     num_adaptation_steps=20, seed=(1, 2), max_tree_depth=5)
+        >>> draws.shape
+        TensorShape([5, 4, 3])
+    """
+    tfd = tfp.distributions
+    parts = NoUTurnSampler._parts(initial_state)
+    logp = target_log_prob_fn(*parts)
+    spec = _StateSpec(parts, _batch_ndims(logp, parts))
+    base = NoUTurnSampler(target_log_prob_fn, step_size, **kernel_kwargs)
+
+    def kernel(step, scale):
+        md = tfd.MultivariateNormalDiag(scale_diag=scale)
+        if len(parts) > 1:   # one diagonal per part, in state order
+            md = tfd.JointDistributionSequential(
+                [tfd.MultivariateNormalDiag(scale_diag=s) for s in tf.split(scale, spec.sizes)])
+        return base.copy(step_size=step, momentum_distribution=md)
+
+    def adaptive(step, scale):
+        return tfp.mcmc.DualAveragingStepSizeAdaptation(
+            kernel(step, scale), num_adaptation_steps=1, target_accept_prob=target_accept_prob)
+
+    @tf.function(jit_compile=jit_compile, autograph=False)
+    def one_step(state, results, scale, step_seed):
+        # dual averaging reads the number of adaptation steps from its results
+        return adaptive(results.new_step_size, scale).one_step(state, results, seed=step_seed)
+
+    def restart(state, step, scale, num_steps):
+        results = adaptive(step, scale).bootstrap_results(state)
+        return results._replace(num_adaptation_steps=tf.constant(num_steps, tf.int32))
+
+    state = list(parts)
+    step = tf.convert_to_tensor(step_size, spec.dtype)
+    scale = tf.ones([spec.dim], spec.dtype)
+    seeds = samplers.split_seed(samplers.sanitize_seed(seed), num_adaptation_steps + num_draws)
+    seeds = tf.unstack(seeds) if num_adaptation_steps + num_draws else []
+    draws, i = [], 0
+    # -1 adaptation steps: dual averaging keeps the step size (the draws)
+    windows = _adaptation_windows(num_adaptation_steps) + [(num_draws, None)]
+    for length, slow in windows:
+        results, kept = restart(state, step, scale, -1 if slow is None else length), []
+        for _ in range(length):
+            state, results = one_step(state, results, scale, seeds[i])
+            kept.append(spec.flatten(state))
+            i += 1
+        if slow is None:
+            draws = kept
+        else:
+            step = tf.exp(tf.reshape(results.log_averaging_step, tf.shape(step)))
+        if slow:
+            n = float(length * spec.chains)
+            variance = tf.math.reduce_variance(tf.stack(kept), axis=[0, 1])
+            variance = (n / (n + 5.0)) * variance + 1e-3 * (5.0 / (n + 5.0))
+            scale = tf.math.rsqrt(variance)
+    out = [tf.stack(d) for d in zip(*(spec.unflatten(q) for q in draws))] if draws else [
+        tf.zeros([0, *p.shape], p.dtype) for p in parts]
+    return tf.nest.pack_sequence_as(initial_state, out), kernel(step, scale)
 
 # }}}
