@@ -32,8 +32,8 @@ from .errors import (AutobatchError, MaxStepsExceededError, PrimitiveError, Stac
                      TypeInferenceError, UnsupportedSyntaxError)
 
 __all__ = ["function", "describe", "AutobatchFunction", "NoUTurnSampler",
-           "windowed_adaptive_nuts", "AutobatchError", "UnsupportedSyntaxError", "TypeInferenceError", "StackOverflowError",
-           "MaxStepsExceededError", "PrimitiveError"]
+           "windowed_adaptive_nuts", "AutobatchError", "UnsupportedSyntaxError",
+           "TypeInferenceError", "StackOverflowError", "MaxStepsExceededError", "PrimitiveError"]
 
 
 def __getattr__(name: str):
