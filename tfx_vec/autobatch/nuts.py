@@ -1137,7 +1137,7 @@ def windowed_adaptive_nuts(num_draws: int, target_log_prob_fn: Callable, initial
       num_draws: states kept after the warm-up.
       target_log_prob_fn, initial_state: as for :class:`NoUTurnSampler` (``initial_state``:
         a tensor or a list of parts ``[chains, *event]``).
-      num_adaptation_steps: warm-up steps (Stan's default is 1000; 75 + 25... + 50 above 150).
+      num_adaptation_steps: warm-up steps (Stan's default is 1000).
       step_size: the initial step size.
       target_accept_prob: dual averaging's target mean acceptance probability.
       seed: a stateless seed.
@@ -1149,14 +1149,14 @@ def windowed_adaptive_nuts(num_draws: int, target_log_prob_fn: Callable, initial
       structure of ``initial_state``) and the tuned kernel (its ``step_size`` and
       ``momentum_distribution``) to go on sampling with.
 
-    Example:
-        >>> import tensorflow as tf
-        >>> sd = tf.constant([0.1, 1.0, 10.0])
-        >>> draws, kernel = windowed_adaptive_nuts(
-        ...     5, lambda x: -0.5 * tf.reduce_sum((x / sd) ** 2, -1), tf.ones([4, 3]),
-        ...     num_adaptation_steps=20, seed=(1, 2), max_tree_depth=5)
-        >>> draws.shape
-        TensorShape([5, 4, 3])
+    Example::
+
+        # docs/nuts.md runs a longer one (compiling takes a while)
+        sd = tf.constant([0.1, 1.0, 10.0])
+        draws, kernel = windowed_adaptive_nuts(
+            5, lambda x: -0.5 * tf.reduce_sum((x / sd) ** 2, -1), tf.ones([4, 3]),
+            num_adaptation_steps=20, seed=(1, 2), max_tree_depth=5)
+        draws.shape    # [5, 4, 3]
     """
     tfd = tfp.distributions
     parts = NoUTurnSampler._parts(initial_state)
