@@ -358,6 +358,43 @@ def test_tape_gradients_match_eager_whether_recorded_or_not():
         assert m[f"tape_eager::{reason}"] >= 1, m
 
 
+def _gradient_surface(w0, x0):
+    """What ``tape.gradient`` returns and how the tape behaves afterwards, for the plain calls
+    (list and tuple sources, variables and watched tensors, persistent or not)."""
+    w, x = tf.Variable(w0), tf.constant(x0)
+    out = {}
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(tf.tanh(w * x) ** 2)
+    grads = tape.gradient(loss, (w, x))
+    out["tuple"] = type(grads).__name__
+    out["tuple grads"] = [g.numpy() for g in grads]
+    with pytest.raises(RuntimeError, match="non-persistent"):
+        tape.gradient(loss, [w])
+    out["watched"] = [v.name for v in tape.watched_variables()]
+    with tf.GradientTape(persistent=True) as tape:
+        h = tf.sin(w) * x
+        loss = tf.reduce_sum(h * h)
+    out["persistent"] = [g.numpy() for g in tape.gradient(loss, [w])]
+    out["again"] = [g.numpy() for g in tape.gradient(loss, [h, w])]
+    out["list"] = type(tape.gradient(loss, [w])).__name__
+    return out
+
+
+def test_tape_gradient_returns_what_eager_returns():
+    rng = np.random.default_rng(7)
+    w0 = random_array(rng, (3,))
+    x0 = random_array(rng, (3,))
+    eager = _gradient_surface(w0, x0)
+    with lazy.device():
+        lz = _gradient_surface(w0, x0)
+    assert {k: lz[k] for k in ("tuple", "list", "watched")} == \
+        {k: eager[k] for k in ("tuple", "list", "watched")}
+    for k in ("tuple grads", "persistent", "again"):
+        for a, b in zip(lz[k], eager[k]):
+            _close(a, b)
+
+
 def test_a_value_read_inside_the_tape_keeps_the_gradient_exact():
     def run():
         w = tf.Variable([0.3, -0.7])

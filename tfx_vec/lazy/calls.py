@@ -55,7 +55,7 @@ class CallSpec:
     resources; the node's outputs are ``fn``'s flat outputs (``outs``: their (shape, dtype)),
     then the values after it of the variables at the ``assigned`` positions."""
 
-    __slots__ = ("fn", "variables", "outs", "assigned", "__weakref__")
+    __slots__ = ("fn", "variables", "outs", "assigned", "sigs", "__weakref__")
 
     def __init__(self, fn: Callable[[list], Any], variables: list, outs: tuple = (),
                  assigned: tuple | None = None):
@@ -63,6 +63,7 @@ class CallSpec:
         self.variables = variables   # tf.Variables, in the node's order
         self.outs = outs
         self.assigned = tuple(range(len(variables))) if assigned is None else assigned
+        self.sigs: list | None = None   # (shape, dtype, sig) of the outs, on first record
 
 
 CALLS: "weakref.WeakValueDictionary[int, CallSpec]" = weakref.WeakValueDictionary()
@@ -75,15 +76,18 @@ def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> list:
     The node's inputs are the call's own, then each variable's ``var`` leaf (its resource in the
     program), then its current value (a pending update is written before the call).
     """
-    base = Node("call", tuple(inputs) + tuple(s._read for s in states) +
-                tuple(s._node for s in states), (token, len(inputs)), None, None)
-    outs = [Node("out", (base,), (i,), shape, dtype) for i, (shape, dtype) in
-            enumerate(spec.outs)]
-    k = len(outs)
-    for i in spec.assigned:
-        s = states[i]
-        s.assign(Node("out", (base,), (k,), s.shape, s.dtype), "a recorded call")
-        k += 1
+    base = Node("call", (*inputs, *[s._read for s in states], *[s._node for s in states]),
+                (token, len(inputs)), None, None)
+    sigs = spec.sigs
+    if sigs is None:
+        sigs = spec.sigs = [(shape, dtype, (shape, dtype.as_datatype_enum))
+                            for shape, dtype in spec.outs]
+    outs = Node.outputs(base, sigs)
+    assigned = [states[i] for i in spec.assigned]
+    # An ``out`` node of a variable has the variable's shape and dtype: no check to make.
+    news = Node.outputs(base, [(s.shape, s.dtype, s._read.sig) for s in assigned], len(outs))
+    from .custom_device import assign_all
+    assign_all(assigned, news)
     metrics.bump("calls_recorded")
     return outs
 

@@ -191,6 +191,20 @@ class DeviceVariable:
         return f"<lazy DeviceVariable {self.name!r} {self.dtype.name}{list(self.shape)}>"
 
 
+def assign_all(states: list, nodes: list) -> None:
+    """``states[k].assign(nodes[k])`` for nodes of the right shape and dtype already (the
+    outputs of one recorded call: one creation stamp for all)."""
+    if units.PROBES:
+        for s in states:
+            units.note_assign(s)
+    stamp = next(ir.serials)
+    for s, n in zip(states, nodes):
+        s._node = n
+        s.initialized = True
+        s.last_assign = stamp
+    runtime.mark_variables(states)
+
+
 def _var_handle(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     runtime.check_no_strategy("a variable was created on the lazy device")
     units.taint("a variable was created")

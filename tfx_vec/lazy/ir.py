@@ -82,6 +82,28 @@ class Node:
         log.append((op, attrs, self.sig, refs))
         rec.nodes.append(self)
 
+    @staticmethod
+    def outputs(base: "Node", sigs: Sequence[tuple], first: int = 0) -> list:
+        """``out`` nodes ``first``, ``first + 1``... of ``base`` (a node just recorded), one
+        per ``(shape, dtype, sig)``: what ``Node("out", (base,), (i,), shape, dtype)`` makes,
+        without its general path (a library call has one output per variable it updates)."""
+        rec = RECORDING
+        log, nodes = rec.log, rec.nodes
+        start = rec.base
+        ref = (base.pos - start,)
+        inputs = (base,)
+        new = Node.__new__
+        out = []
+        for i, (shape, dtype, sig) in enumerate(sigs, first):
+            n = new(Node)
+            n.op, n.inputs, n.attrs, n.shape, n.dtype, n.value = \
+                "out", inputs, (i,), shape, dtype, None
+            n.sig, n.serial, n.pos = sig, next(serials), start + len(log)
+            log.append(("out", n.attrs, sig, ref))
+            nodes.append(n)
+            out.append(n)
+        return out
+
     @classmethod
     def leaf(cls, op: str, value: Any, attrs: tuple = ()) -> "Node":
         """A parameter node (``data`` or ``var``) holding ``value``'s shape and dtype."""

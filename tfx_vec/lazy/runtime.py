@@ -41,7 +41,8 @@ from . import ir, lowering, metrics
 from .errors import LazyCompileError, LazyError, LazyFallbackError, LazyRecompilationError
 
 __all__ = ["barrier", "wait", "resolve", "configure", "clear_cache", "fallback", "user_frame",
-           "register", "mark_variable", "forget_variable", "on_host", "check_no_strategy"]
+           "register", "mark_variable", "mark_variables", "forget_variable", "on_host",
+           "check_no_strategy"]
 
 
 class _Config:
@@ -174,6 +175,16 @@ def mark_variable(var: Any) -> None:
     """
     _pending_vars[id(var)] = var
     _recorded[0] += 1
+    if _recorded[0] > CONFIG.max_graph_size:
+        metrics.bump("graph_size_cuts")
+        barrier("graph size limit")
+
+
+def mark_variables(variables: list) -> None:
+    """:func:`mark_variable` for several variables at once."""
+    for var in variables:
+        _pending_vars[id(var)] = var
+    _recorded[0] += len(variables)
     if _recorded[0] > CONFIG.max_graph_size:
         metrics.bump("graph_size_cuts")
         barrier("graph size limit")

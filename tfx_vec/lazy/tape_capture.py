@@ -47,9 +47,12 @@ import collections
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager import backprop as _backprop
 from tensorflow.python.eager import imperative_grad as _imperative_grad_module
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import tape as _tape_module
+from tensorflow.python.framework import ops as _ops
+from tensorflow.python.ops import resource_variable_ops as _rv
 
 from . import ir, metrics, runtime
 from .ir import LEAF_OPS, Node
@@ -255,10 +258,61 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
     return results
 
 
+def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -> Any:
+    """The flat sources of ``tape.gradient(target, sources)`` when the call is the plain case
+    (one lazy device tensor as target, a list or tuple of variables and eager tensors as
+    sources, no output gradients, a tape that can compute now); ``None`` otherwise."""
+    if output_gradients is not None or type(target) is not _ops.EagerTensor or \
+            tape._tape is None or (tape._recording and tape._persistent) or \
+            (type(sources) is not list and type(sources) is not tuple):
+        return None
+    from .custom_device import payload_of
+    if type(payload_of(target)) is not LazyTensor:
+        return None
+    flat = []
+    for s in sources:
+        if type(s) is _ops.EagerTensor:
+            if getattr(s, "is_packed", False):
+                return None
+            flat.append(s)
+        elif _rv.is_resource_variable(s):
+            flat.append(s.handle)
+        else:
+            return None
+    return flat
+
+
+def _gradient(original: Any) -> Any:
+    """``GradientTape.gradient`` with a short path for the plain case on the lazy device: the
+    same steps as TensorFlow's (pop the tape, ``imperative_grad``, release a non-persistent
+    tape) without its generic flattening, conversions and dtype logging, which cost more than
+    recording the gradient.  Every other call runs TensorFlow's own method."""
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        flat = _flat_sources(self, target, sources, output_gradients) if runtime.CONFIG.\
+            record_calls else None
+        if flat is None:
+            return original(self, target, sources, output_gradients, unconnected_gradients)
+        if self._recording:
+            self._pop_tape()
+        grads = _imperative_grad_module.imperative_grad(
+            self._tape, [target], flat, output_gradients=None, sources_raw=list(sources),
+            unconnected_gradients=unconnected_gradients)
+        if not self._persistent:
+            self._watched_variables = self._tape.watched_variables()
+            self._tape = None
+        return type(sources)(grads)
+    gradient.__wrapped__ = original
+    gradient.__doc__ = original.__doc__
+    return gradient
+
+
 def install() -> None:
     """Wrap TensorFlow's tape functions (idempotent; see the module docstring)."""
     if _original:
         return
+    _original["gradient"] = _backprop.GradientTape.gradient
+    _backprop.GradientTape.gradient = _gradient(_backprop.GradientTape.gradient)
     for module, name, hook in ((_tape_module, "push_new_tape", _push_new_tape),
                                (_tape_module, "push_tape", _push_tape),
                                (_tape_module, "pop_tape", _pop_tape),

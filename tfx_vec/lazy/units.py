@@ -544,12 +544,25 @@ def _subclasses(cls: type) -> list:
 
 
 _installed: list = []
+_hooked = [False]   # Metric.__init_subclass__ wraps the metric classes defined afterwards
+
+
+def _install_on(cls: type, name: str) -> None:
+    fn = cls.__dict__.get(name)
+    if fn is None or getattr(fn, "_tfx_vec_unit", False):
+        return
+    wrapped = _wrap(fn)
+    wrapped._tfx_vec_unit = True
+    setattr(cls, name, wrapped)
+    _installed.append((cls, name))
 
 
 def install() -> None:
     """Record Keras layer calls, losses and metric updates as units (when Keras is imported;
-    idempotent for the classes seen so far: metric classes defined later run op by op)."""
-    if "keras" not in sys.modules:
+    idempotent).  The metric classes that exist are wrapped once; one defined later is wrapped
+    when it is defined (a hook on ``Metric.__init_subclass__``), so entering
+    ``lazy.device()`` again walks no class tree."""
+    if _hooked[0] or "keras" not in sys.modules:
         return
     try:
         from keras.src.layers.layer import Layer
@@ -557,14 +570,14 @@ def install() -> None:
         from keras.src.metrics.metric import Metric
     except ImportError:   # another Keras: its calls run op by op
         return
-    targets = [(Layer, "__call__"), (Loss, "__call__")]
-    targets += [(c, "update_state") for c in _subclasses(Metric)]
-    for cls, name in targets:
-        fn = cls.__dict__.get(name)
-        if fn is None or getattr(fn, "_tfx_vec_unit", False):
-            continue
-        wrapped = _wrap(fn)
-        wrapped._tfx_vec_unit = True
-        setattr(cls, name, wrapped)
-        _installed.append((cls, name))
+    _install_on(Layer, "__call__")
+    _install_on(Loss, "__call__")
+    for c in _subclasses(Metric):
+        _install_on(c, "update_state")
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        super(Metric, cls).__init_subclass__(**kwargs)
+        _install_on(cls, "update_state")
+    Metric.__init_subclass__ = classmethod(init_subclass)
+    _hooked[0] = True
 # }}}
