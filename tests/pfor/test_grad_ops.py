@@ -15,7 +15,7 @@ import tensorflow as tf
 import tfx_vec
 
 from tests.pfor.oracle import check_op, check_pfor
-from tfx_vec.pfor.converters import grad_ops
+from tfx_vec.pfor.converters import grad_ops, nn_ops
 from tfx_vec.pfor.converters.nn_ops import grouped_gradient_kernels
 from tests.pfor.test_nn_ops import RNG, check_channels_first, gathered, rand, together
 
@@ -71,17 +71,22 @@ def test_conv2d_backprop_every_combination():
              rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("strides,dilations,padding", [
-    ([1, 2, 1, 1], 1, "SAME"), (1, 2, "VALID"), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]])],
-    ids=["strided", "dilated_valid", "explicit"])
-def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding):
-    """Under XLA, per-iteration filters and per-example filter gradients are one batched
-    matmul of patches (XLA's grouped convolutions are hundreds of times slower)."""
+@pytest.mark.parametrize("strides,dilations,padding,channels", [
+    ([1, 2, 1, 1], 1, "SAME", 3), (1, 2, "VALID", 1), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]], 3),
+    ([1, 1, 2, 1], 1, "SAME", 8), (1, 2, "SAME", 6)],
+    ids=["strided", "dilated_valid", "explicit", "strided_long_patches", "dilated_long_patches"])
+def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding,
+                                                           channels):
+    """Under XLA, per-example filter gradients are one batched matmul per filter tap, and
+    per-iteration filters either one batched matmul of patches (patches of at most
+    ``XLA_PATCH_MAX_LENGTH`` entries) or one grouped convolution (longer ones)."""
     conv = lambda x, f: tf.nn.conv2d(x, f, strides, padding, dilations=dilations)  # noqa: E731
-    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, 3], [3, 2, 3, 4])
+    f_shape = [3, 2, channels, 4]
+    assert nn_ops.short_patches(tf.TensorShape(f_shape), 2) == (channels * 6 <= 32)
+    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, channels], f_shape)
     check_op(vjp(conv), [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
              rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
-    check_op(conv, [rand(2, 6, 5, 3), rand(3, 2, 3, 4)], combos=[(True, True)],
+    check_op(conv, [rand(2, 6, 5, channels), rand(*f_shape)], combos=[(True, True)],
              modes=("xla",), rtol=1e-4, atol=1e-4)
 
 

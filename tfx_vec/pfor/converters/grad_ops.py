@@ -45,7 +45,7 @@ import tensorflow as tf
 from tfx_vec.pfor.converters._helpers import (create_op_like, fold_batch, loop_len_static,
                                              same_shape, stacked)
 from tfx_vec.pfor.converters.nn_ops import (ChannelsLast, batch_norm_channel_folded, converter,
-                                           conv_patches, fold_emit, fold_into_channels,
+                                           conv_taps, fold_emit, fold_into_channels,
                                            grouped_gradient_kernels, scale_dim, static_dim,
                                            unfold_from_channels)
 from tfx_vec.pfor.converters.segment_ops import check_rows_equal, guarded
@@ -216,23 +216,25 @@ def _conv_backprop_filter(x: ConversionInput, spatial: int, grouped_ok: bool):
 
 
 def _conv_backprop_filter_by_patches(x: ConversionInput, lay: ChannelsLast):
-    """Per-iteration images and out_backprop: one batched matmul of patches.
+    """Per-iteration images and out_backprop: one batched matmul per filter tap.
 
-    ``dF_i = patches_i^T @ dy_i`` with ``patches_i`` the ``[b*P, k*ci]`` image (volume)
-    patches of iteration i's images on the output grid (:func:`~.nn_ops.conv_patches`).
+    ``dF_i[tap] = taps_i[tap]^T @ dy_i`` with ``taps_i[tap]`` the ``[b*P, ci]`` images that
+    filter tap multiplies on the output grid (:func:`~.nn_ops.conv_taps`).  Stacking the taps
+    into patches for one matmul instead materializes ``prod(k)`` copies of the images, which
+    costs more than the matmuls (2-4x slower under XLA, up to 1.8x without it).
     """
     kernel = x.op.outputs[0].shape                                    # [k..., ci, co]
     n = x.loop_len
     images = fold_batch(lay.images(x.stacked_input(0), True))[0]       # [n*b, ..., ci]
-    patches = conv_patches(x, lay, images, kernel)
-    if patches is None:
+    taps = conv_taps(x, lay, images, kernel)
+    if not taps:
         return None
     dy = lay.images(x.stacked_input(2), True)                          # [n, b, ..., co]
-    rows = tf.stack([n, -1, tf.shape(patches)[-1]])
-    grad = tf.matmul(tf.reshape(dy, tf.stack([n, -1, tf.shape(dy)[-1]])),
-                     tf.reshape(patches, rows), transpose_a=True)       # [n, co, K]
-    return [WrappedTensor(tf.reshape(tf.transpose(grad, [0, 2, 1]),
-                                     tf.concat([[n], kernel.as_list()], 0)), True)]
+    dy = tf.reshape(dy, tf.stack([n, -1, tf.shape(dy)[-1]]))            # [n, b*P, co]
+    grads = [tf.matmul(tf.reshape(t, tf.stack([n, -1, tf.shape(t)[-1]])), dy, transpose_a=True)
+             for t in taps]                                           # [n, ci, co] each
+    grad = tf.concat(grads, 1) if len(grads) > 1 else grads[0]
+    return [WrappedTensor(tf.reshape(grad, tf.concat([[n], kernel.as_list()], 0)), True)]
 
 
 @converter("Conv2DBackpropInput")

@@ -261,14 +261,14 @@ class ChannelsLast:
         return create_op_like(self.op, inputs, attrs=self.attrs)[0]
 
 
-def conv_patches(x: ConversionInput, lay: ChannelsLast, images: tf.Tensor,
-                 kernel: tf.TensorShape) -> tf.Tensor | None:
-    """The patches a convolution like ``x.op`` multiplies with its filter, channels last:
-    ``[N, *out_spatial, prod(k)*ci]`` for ``images`` ``[N, *spatial, ci]`` (patch entries in
-    the filter's ``[k..., ci]`` order), or None when static sizes are unknown.
+def conv_taps(x: ConversionInput, lay: ChannelsLast, images: tf.Tensor,
+              kernel: tf.TensorShape) -> list[tf.Tensor] | None:
+    """The images a convolution like ``x.op`` multiplies with each filter tap, channels last:
+    one ``[N, *out_spatial, ci]`` strided slice of the (padded) ``images`` ``[N, *spatial, ci]``
+    per tap, in the filter's ``[k...]`` order, or None when static sizes are unknown.
 
-    Built from one strided slice per filter tap, stacked: XLA compiles that to a fast copy,
-    where its ``ExtractImagePatches`` is an order of magnitude slower.
+    XLA compiles a strided slice to a fast copy, where its ``ExtractImagePatches`` is an order
+    of magnitude slower.
     """
     spatial = lay.spatial
     if not kernel[:spatial].is_fully_defined():
@@ -304,9 +304,37 @@ def conv_patches(x: ConversionInput, lay: ChannelsLast, images: tf.Tensor,
         taps.append(tf.strided_slice(images, begin, end, [1] + strides + [1],
                                      begin_mask=1 | (1 << (spatial + 1)),
                                      end_mask=1 | (1 << (spatial + 1))))
+    return taps
+
+
+def conv_patches(x: ConversionInput, lay: ChannelsLast, images: tf.Tensor,
+                 kernel: tf.TensorShape) -> tf.Tensor | None:
+    """The patches a convolution like ``x.op`` multiplies with its filter, channels last:
+    ``[N, *out_spatial, prod(k)*ci]`` for ``images`` ``[N, *spatial, ci]`` (patch entries in
+    the filter's ``[k..., ci]`` order), or None when static sizes are unknown: the
+    :func:`conv_taps`, stacked.
+    """
+    taps = conv_taps(x, lay, images, kernel)
+    if taps is None:
+        return None
     patches = tf.stack(taps, -2)                               # [N, *out, K, ci]
-    shape = tf.concat([tf.shape(patches)[:1 + spatial], [-1]], 0)
+    shape = tf.concat([tf.shape(patches)[:1 + lay.spatial], [-1]], 0)
     return tf.reshape(patches, shape)
+
+
+#: Under XLA, a per-iteration filter (with per-iteration images) is applied as patches times
+#: filter (one batched matmul) when a patch has at most this many entries (``prod(k) * ci``),
+#: else as a grouped convolution.  Measured on XLA:CPU: building longer patches costs more
+#: than XLA's grouped convolution (which is then at par with TensorFlow's kernel), while for
+#: short ones (e.g. 5x5 on one channel, 3x3 on three) patches are up to 3x faster.
+XLA_PATCH_MAX_LENGTH = 32
+
+
+def short_patches(kernel: tf.TensorShape, spatial: int) -> bool:
+    """True when ``kernel``'s (``[k..., ci, co]``) patches are statically known to have at
+    most :data:`XLA_PATCH_MAX_LENGTH` entries."""
+    dims = kernel[:spatial + 1]
+    return dims.is_fully_defined() and int(np.prod(dims.as_list())) <= XLA_PATCH_MAX_LENGTH
 
 
 def static_dim(t: tf.Tensor, axis: int) -> int | None:
@@ -366,8 +394,9 @@ def _conv_forward(x: ConversionInput, spatial: int, grouped_ok: bool) -> list[Wr
     if not inp.is_stacked and _is_ungrouped(lay.channels(inp.t), static_dim(filt, -2)):
         # Every iteration convolves the same images: one filter bank with n*c_out outputs.
         out = lay.emit([lay.images(inp.t, False), fold_into_channels(filt, spatial + 1)])
-    elif x.vectorizer.xla and _is_ungrouped(lay.channels(x.op.inputs[0]), static_dim(filt, -2)):
-        # XLA's CPU grouped convolutions are hundreds of times slower: patches @ filter_i.
+    elif (x.vectorizer.xla and _is_ungrouped(lay.channels(x.op.inputs[0]), static_dim(filt, -2))
+          and (short_patches(x.op.inputs[1].shape, spatial) or not grouped_ok)):
+        # Short patches @ F_i beat XLA:CPU's grouped convolution (Conv3D has no grouped form).
         return _conv_by_patches(x, lay)
     elif grouped_ok:
         # Iteration i's channels form group(s) of their own: one grouped convolution.
