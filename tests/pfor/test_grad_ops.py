@@ -187,6 +187,25 @@ def test_pool_grads():
              [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pool,shape,size,padding", [
+    (tf.nn.max_pool2d, [2, 7, 5, 3], 2, "VALID"), (tf.nn.max_pool2d, [1, 7, 8, 2], 3, "SAME"),
+    (tf.nn.max_pool2d, [2, 6, 4, 2], [2, 1], "SAME"), (tf.nn.max_pool3d, [1, 5, 4, 3, 2], 2, "SAME"),
+    (tf.nn.max_pool2d, [1, 6, 5, 2], [2, 2], "VALID")],
+    ids=["valid_crop", "same_pad_both_sides", "unequal_windows", "3d_same", "overlap_free"])
+def test_max_pool_grad_under_xla_with_ties(pool, shape, size, padding):
+    """Under XLA, max-pool gradients with non-overlapping windows compare each window with its
+    maximum; the first maximal entry takes the gradient, as in XLA's kernel.  The images come
+    through a ReLU, so windows of equal zeros (ties) are common."""
+    def grad(a, dy):
+        return vjp(lambda b: pool(b, size, size, padding))(tf.nn.relu(a), dy)
+    x = np.round(rand(*shape), 1)           # repeated values: ties inside windows
+    dy = rand(*pool(tf.constant(x), size, size, padding).shape)
+    check_op(grad, [x, dy], modes=("xla",), combos=[(True, True), (True, False), (False, True)])
+    overlapping = vjp(lambda b: tf.nn.max_pool2d(b, 3, 2, "SAME"))
+    check_op(overlapping, [rand(1, 6, 5, 2), rand(1, 3, 3, 2)], modes=("xla",),
+             combos=[(True, True)])
+
+
 def test_resize_grads():
     resize = {m: vjp(lambda a, m=m: tf.image.resize(a, [5, 3], method=m))
               for m in ("bilinear", "nearest", "bicubic")}
