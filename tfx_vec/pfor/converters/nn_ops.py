@@ -511,7 +511,45 @@ def _softmax(x: ConversionInput):
 def _top_k(x: ConversionInput):
     if x.is_stacked(1):
         return None  # k / n differs per iteration: the output shape would too
+    if x.vectorizer.xla and x.op_type == "TopKV2":
+        out = _top_k_by_packed_sort(x)
+        if out is not None:
+            return out
     return reemit_stacked(x, [x.input(0).t, x.input(1).t])
+
+
+def _top_k_by_packed_sort(x: ConversionInput) -> list[WrappedTensor] | None:
+    """Under XLA, a top-k of at least a quarter of the row (``tf.sort``/``tf.argsort`` are
+    top-k of the whole row) as one single-operand sort of ``int64`` keys: the value's bits,
+    mapped to an integer of the same order and complemented (descending), above the index
+    (ascending among ties, as top-k orders them).  XLA:CPU sorts those 3-5x faster than the
+    ``(value, index)`` pairs its own top-k sorts.  None for other dtypes, unsorted or small
+    ``k``.
+    """
+    values = x.input(0).t
+    k, m = tf.get_static_value(x.input(1).t), values.shape[-1]
+    if (values.dtype not in (tf.float32, tf.int32) or not x.attr("sorted") or k is None
+            or m is None or 4 * int(k) < m):
+        return None
+    from tensorflow.compiler.tf2xla.ops import gen_xla_ops   # XLA-only kernels
+    ordered = _order_preserving_int32(values)
+    keys = tf.bitwise.left_shift(tf.cast(tf.bitwise.invert(ordered), tf.int64), 32) \
+        + tf.range(m, dtype=tf.int64)
+    top = gen_xla_ops.xla_sort(keys)[..., :int(k)]
+    index = tf.cast(tf.bitwise.bitwise_and(top, 0xFFFFFFFF), x.op.outputs[1].dtype)
+    high = tf.bitwise.invert(tf.cast(tf.bitwise.right_shift(top, 32), tf.int32))
+    return stacked(_order_preserving_int32(high, values.dtype), index)
+
+
+def _order_preserving_int32(t: tf.Tensor, dtype: tf.DType | None = None) -> tf.Tensor:
+    """``float32``/``int32`` -> ``int32`` with the same order (IEEE total order for floats:
+    the sign-magnitude bits of negative floats are flipped); with ``dtype`` the inverse."""
+    if (dtype or t.dtype) == tf.int32:
+        return t
+    bits = t if dtype else tf.bitcast(t, tf.int32)
+    flipped = tf.bitwise.bitwise_xor(bits, tf.bitwise.bitwise_and(
+        tf.bitwise.right_shift(bits, 31), 0x7FFFFFFF))
+    return tf.bitcast(flipped, dtype) if dtype else flipped
 
 
 @converter("L2Loss")
