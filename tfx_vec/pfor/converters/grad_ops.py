@@ -80,11 +80,11 @@ def _max_pool_grad_by_windows(x: ConversionInput) -> list[WrappedTensor] | None:
     """The gradient of a max pool whose windows do not overlap (``ksize == strides``), without
     XLA's ``select_and_scatter`` (on XLA:CPU 5-10x slower than TensorFlow's kernel).
 
-    The images are cut into their windows, each compared with its pooled maximum; the first
-    maximal entry of a window in row-major order (TensorFlow's and XLA's choice among ties)
-    takes the window's gradient.  ``SAME`` padding is zero padding that never matches; ``VALID``
-    crops the rows and columns no window covers (their gradient is 0).  None for channels-first
-    ops, overlapping windows or unknown image sizes.
+    The images are cut into their windows (a reshape), each compared with its pooled maximum;
+    the first maximal entry of a window in row-major order (XLA's choice among ties, found as
+    the least matching position) takes the window's gradient.  ``SAME`` padding is zero
+    padding that never matches; ``VALID`` crops the rows and columns no window covers (their
+    gradient is 0).  None for channels-first ops, overlapping windows or unknown image sizes.
     """
     spatial = 2 if x.op_type == "MaxPoolGrad" else 3
     ksize, strides = list(x.attr("ksize")), list(x.attr("strides"))
@@ -101,23 +101,21 @@ def _max_pool_grad_by_windows(x: ConversionInput) -> list[WrappedTensor] | None:
     images, lead = fold_batch(x.stacked_input(0))                       # [N, *dims, c]
     pooled = fold_batch(x.stacked_input(1))[0]                          # [N, *outs, c]
     dy = fold_batch(x.stacked_input(2))[0]
-    valid = np.ones([1] + dims.as_list() + [1], bool)
-    valid, images = (_crop_or_pad(t, pads) for t in (valid, images))
-    # [N, o1, k1, o2, k2, ..., c] -> [N, o1, o2, ..., k1*k2*..., c]
+    # Windows in place, [N, o1, k1, o2, k2, ..., c] (no transposes), window axes 2, 4, ...
     split = [v for o, k in zip(outs, ks) for v in (o, k)]
-    perm = [0] + [1 + 2 * a for a in range(spatial)] + [2 + 2 * a for a in range(spatial)] \
-        + [1 + 2 * spatial]
-    windows = [tf.reshape(tf.transpose(tf.reshape(t, tf.concat([tf.shape(t)[:1], split,
-                                                                tf.shape(t)[-1:]], 0)), perm),
-                          tf.concat([tf.shape(t)[:1], outs, [-1], tf.shape(t)[-1:]], 0))
-               for t in (images, valid)]
-    hit = tf.logical_and(tf.equal(windows[0], tf.expand_dims(pooled, spatial + 1)), windows[1])
-    hits = tf.cumsum(tf.cast(hit, tf.int32), axis=spatial + 1)
-    first = tf.logical_and(hit, tf.equal(hits, 1))
-    grad = tf.where(first, tf.expand_dims(dy, spatial + 1), tf.zeros([], dy.dtype))
-    inverse = [perm.index(a) for a in range(len(perm))]
-    grad = tf.transpose(tf.reshape(grad, tf.concat([tf.shape(grad)[:1], outs, ks,
-                                                    tf.shape(grad)[-1:]], 0)), inverse)
+    window_axes = [2 + 2 * a for a in range(spatial)]
+    images = tf.reshape(_crop_or_pad(images, pads),
+                        tf.concat([tf.shape(images)[:1], split, tf.shape(images)[-1:]], 0))
+    valid = _crop_or_pad(np.ones([1] + dims.as_list() + [1], bool), pads).reshape(
+        [1] + split + [1])
+    position = np.arange(np.prod(ks), dtype=np.int32).reshape(
+        [1] + [v for k in ks for v in (1, k)] + [1])          # row-major order in a window
+    at_window = lambda t: tf.reshape(t, tf.concat(                       # noqa: E731
+        [tf.shape(t)[:1], [v for o in outs for v in (o, 1)], tf.shape(t)[-1:]], 0))
+    hit = tf.logical_and(tf.equal(images, at_window(pooled)), valid)
+    first = tf.reduce_min(tf.where(hit, position, np.int32(np.prod(ks))), window_axes,
+                          keepdims=True)
+    grad = tf.where(tf.equal(position, first), at_window(dy), tf.zeros([], dy.dtype))
     grad = tf.reshape(grad, tf.concat([tf.shape(grad)[:1], [o * k for o, k in zip(outs, ks)],
                                        tf.shape(grad)[-1:]], 0))
     grad = _crop_or_pad(grad, [[-a, -b] for a, b in pads])
