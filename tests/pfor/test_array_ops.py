@@ -211,6 +211,18 @@ def test_gather_from_params_of_unknown_rank():
     np.testing.assert_array_equal(got[2].numpy(), xv[:2, 1])
 
 
+def test_gather_of_the_loop_index_is_a_slice_that_checks_its_bound():
+    x = tf.constant(a(3, 4, 2))
+    body = lambda i: tf.gather(x, i)  # noqa: E731
+    for fn in (tf.function(lambda n: tfx_vec.pfor(body, n, fallback_to_while_loop=False)),
+               lambda n: tf.function(lambda: tfx_vec.pfor(body, int(n)), jit_compile=True)()):
+        np.testing.assert_array_equal(fn(tf.constant(2)).numpy(), x.numpy()[:2])
+    ops = tf.function(lambda: tfx_vec.pfor(body, 3)).get_concrete_function().graph.get_operations()
+    assert "GatherV2" not in {op.type for op in ops}
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.function(lambda: tfx_vec.pfor(body, 4, fallback_to_while_loop=False))()
+
+
 def test_shape_arguments_that_depend_on_the_loop_index_are_named():
     x = tf.constant(a(3, 2, 3))
     with pytest.raises(tfx_vec.VectorizationError, match="expected to be loop invariant"):
