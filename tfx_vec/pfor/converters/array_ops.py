@@ -17,8 +17,9 @@ import tensorflow as tf
 
 from tfx_vec.pfor.converters._helpers import (assert_same_across, batch_folding, create_op_like,
                                               elementwise, fold_batch, same_shape, unfold_batch,
-                                              expand_after_batch, move_axis, per_iteration_rank,
-                                              reemit_stacked, shift_axis, stacked, static_value)
+                                              expand_after_batch, loop_len_static, move_axis,
+                                              per_iteration_rank, reemit_stacked, shift_axis,
+                                              stacked, static_value)
 from tfx_vec.pfor.errors import runtime_message
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
@@ -327,9 +328,10 @@ def _gather(x: ConversionInput):
             # gather copies them element by element, 2x slower than the slice).
             rank = params.t.shape.rank
             if rank is not None:
-                return stacked(tf.slice(params.t, [0] * rank,
-                                        tf.concat([[x.loop_len], -tf.ones([rank - 1], tf.int32)],
-                                                  0)))
+                rows = tf.slice(params.t, [0] * rank,
+                                tf.concat([[x.loop_len], -tf.ones([rank - 1], tf.int32)], 0))
+                rows.set_shape([loop_len_static(x)] + params.t.shape.as_list()[1:])
+                return stacked(rows)
         out = tf.gather(params.t, indices.t, axis=axis)  # [*p[:axis], n, *i, *p[axis+1:]]
         if axis == 0:
             return stacked(out)

@@ -22,7 +22,10 @@ Dilated convolutions arrive as ``SpaceToBatchND -> conv -> BatchToSpaceND``: the
 fold into the batch and the block-major row order is regrouped by iteration.  With a static
 ``iters == 0`` every converter registered through :func:`converter` returns empty outputs
 without emitting a kernel (zero groups or channels are invalid).  All of these formulations also
-compile under ``tf.function(jit_compile=True)`` (XLA has grouped convolutions).
+compile under ``tf.function(jit_compile=True)`` (XLA has grouped convolutions).  Under XLA, where
+XLA:CPU's kernels are slow, two differ: per-iteration filters on per-iteration images with
+short patches (:func:`short_patches`) are one batched matmul of patches, and a top-k of a large
+part of the row (sorts, argsorts) is one sort of packed ``int64`` keys.
 
 Channel folding needs channels last: a channels-first (``NCHW``) op with a per-iteration filter
 is emitted as its ``NHWC`` form between transposes (:class:`ChannelsLast`), which also runs
@@ -527,7 +530,7 @@ def _top_k_by_packed_sort(x: ConversionInput) -> list[WrappedTensor] | None:
     ``k``.
     """
     values = x.input(0).t
-    k, m = tf.get_static_value(x.input(1).t), values.shape[-1]
+    k, m = x.op.outputs[0].shape[-1], values.shape[-1]     # k: tf.argsort's is a shape entry
     if (values.dtype not in (tf.float32, tf.int32) or not x.attr("sorted") or k is None
             or m is None or 4 * int(k) < m):
         return None
