@@ -437,19 +437,33 @@ def _search_sorted(x: ConversionInput):
 
 def _binary_search(x: ConversionInput) -> tf.Tensor:
     """searchsorted as ``ceil(log2(N + 1))`` steps of a vectorized binary search: XLA lowers
-    ``LowerBound``/``UpperBound`` to an ``N x M`` comparison, which the iterations multiply."""
-    sorted_in, values = x.stacked_input(0), x.stacked_input(1)       # [n, B, N], [n, B, M]
+    ``LowerBound``/``UpperBound`` to an ``N x M`` comparison, which the iterations multiply.
+    An invariant sorted input is searched as it is, with the iterations' values as more values
+    per row (tiling it ``n`` times cost more than the search)."""
+    if x.is_stacked(0):
+        sorted_in, values = x.stacked_input(0), x.stacked_input(1)   # [n, B, N], [n, B, M]
+        batch_dims, restore = 2, lambda t: t
+    else:
+        sorted_in, moved = x.input(0).t, move_axis(x.input(1).t, 0, 1)  # [B, N], [B, n, M]
+        shape = tf.shape(moved)
+        values = tf.reshape(moved, tf.stack([shape[0], shape[1] * shape[2]]))  # [B, n*M]
+        batch_dims = 1
+        restore = lambda t: move_axis(tf.reshape(t, shape), 1, 0)  # noqa: E731
     size = int(x.op.inputs[0].shape[-1])
     right = x.op_type == "UpperBound"
     lo = tf.zeros(tf.shape(values), tf.int32)
     hi = tf.fill(tf.shape(values), size)
+    from tensorflow.compiler.tf2xla.ops import gen_xla_ops   # XLA-only kernels
+    # Each step's bounds are materialized (an optimization barrier): fused, every step's
+    # gather recomputed all earlier steps (and the values' transpose), quadratic in the steps.
+    values, lo, hi = gen_xla_ops.xla_optimization_barrier([values, lo, hi])
     for _ in range(max(1, int(np.ceil(np.log2(size + 1))))):
         mid = (lo + hi) // 2
-        probe = tf.gather(sorted_in, tf.minimum(mid, max(size - 1, 0)), batch_dims=2)
+        probe = tf.gather(sorted_in, tf.minimum(mid, max(size - 1, 0)), batch_dims=batch_dims)
         go_right = (probe <= values if right else probe < values) & (lo < hi)
-        lo = tf.where(go_right, mid + 1, lo)
-        hi = tf.where(go_right | (lo >= hi), hi, mid)
-    return tf.cast(lo, x.attr("out_type"))
+        lo, hi = gen_xla_ops.xla_optimization_barrier([tf.where(go_right, mid + 1, lo),
+                                                       tf.where(go_right | (lo >= hi), hi, mid)])
+    return restore(tf.cast(lo, x.attr("out_type")))
 
 
 # {{{ creation
