@@ -193,9 +193,17 @@ def test_random_shapes_transpose_slice_concat(shape, rnd):
     check_op(fn, [x, y], modes=("eager",))
 
 
-def test_searchsorted_under_xla_is_a_binary_search():
+@pytest.mark.parametrize("size", [1, 7, 16, 17, 300])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_searchsorted_under_xla_is_a_blocked_search(size, dtype):
+    """Under XLA, a search down a tree of 16-entry blocks (one to three levels here), against
+    XLA's own per-iteration searchsorted: ties, values beyond both ends, infinities and NaNs."""
+    rows = np.round(a(2, size) * 4).astype(dtype)               # repeated entries: ties
+    values = np.round(a(2, 9) * 5).astype(dtype)                # some beyond both ends
+    if dtype == np.float32:
+        values[0, :3] = [np.inf, -np.inf, np.nan]
     for side in ("left", "right"):
-        check_op(lambda s, v: tf.searchsorted(tf.sort(s), v, side=side), [a(2, 7), np.round(a(2, 5))],
+        check_op(lambda s, v: tf.searchsorted(tf.sort(s), v, side=side), [rows, values],
                  combos=[(True, True), (False, True)], modes=("xla",))
 
 
