@@ -193,9 +193,17 @@ def test_random_shapes_transpose_slice_concat(shape, rnd):
     check_op(fn, [x, y], modes=("eager",))
 
 
-def test_searchsorted_under_xla_is_a_binary_search():
+@pytest.mark.parametrize("size", [1, 7, 16, 17, 300])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_searchsorted_under_xla_is_a_blocked_search(size, dtype):
+    """Under XLA, a search down a tree of 16-entry blocks (one to three levels here), against
+    XLA's own per-iteration searchsorted: ties, values beyond both ends, infinities and NaNs."""
+    rows = np.round(a(2, size) * 4).astype(dtype)               # repeated entries: ties
+    values = np.round(a(2, 9) * 5).astype(dtype)                # some beyond both ends
+    if dtype == np.float32:
+        values[0, :3] = [np.inf, -np.inf, np.nan]
     for side in ("left", "right"):
-        check_op(lambda s, v: tf.searchsorted(tf.sort(s), v, side=side), [a(2, 7), np.round(a(2, 5))],
+        check_op(lambda s, v: tf.searchsorted(tf.sort(s), v, side=side), [rows, values],
                  combos=[(True, True), (False, True)], modes=("xla",))
 
 
@@ -209,6 +217,18 @@ def test_gather_from_params_of_unknown_rank():
     np.testing.assert_array_equal(got[0].numpy(), np.stack([xv[:, i] for i in range(2)]))
     np.testing.assert_array_equal(got[1].numpy(), np.stack([xv[..., [i, 1]] for i in range(2)]))
     np.testing.assert_array_equal(got[2].numpy(), xv[:2, 1])
+
+
+def test_gather_of_the_loop_index_is_a_slice_that_checks_its_bound():
+    x = tf.constant(a(3, 4, 2))
+    body = lambda i: tf.gather(x, i)  # noqa: E731
+    for fn in (tf.function(lambda n: tfx_vec.pfor(body, n, fallback_to_while_loop=False)),
+               lambda n: tf.function(lambda: tfx_vec.pfor(body, int(n)), jit_compile=True)()):
+        np.testing.assert_array_equal(fn(tf.constant(2)).numpy(), x.numpy()[:2])
+    ops = tf.function(lambda: tfx_vec.pfor(body, 3)).get_concrete_function().graph.get_operations()
+    assert "GatherV2" not in {op.type for op in ops}
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.function(lambda: tfx_vec.pfor(body, 4, fallback_to_while_loop=False))()
 
 
 def test_shape_arguments_that_depend_on_the_loop_index_are_named():

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tfx_vec
 
 from tests.pfor.oracle import check_op, check_pfor
-from tfx_vec.pfor.converters import grad_ops
+from tfx_vec.pfor.converters import grad_ops, nn_ops
 from tfx_vec.pfor.converters.nn_ops import grouped_gradient_kernels
 from tests.pfor.test_nn_ops import RNG, check_channels_first, gathered, rand, together
 
@@ -71,17 +71,22 @@ def test_conv2d_backprop_every_combination():
              rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("strides,dilations,padding", [
-    ([1, 2, 1, 1], 1, "SAME"), (1, 2, "VALID"), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]])],
-    ids=["strided", "dilated_valid", "explicit"])
-def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding):
-    """Under XLA, per-iteration filters and per-example filter gradients are one batched
-    matmul of patches (XLA's grouped convolutions are hundreds of times slower)."""
+@pytest.mark.parametrize("strides,dilations,padding,channels", [
+    ([1, 2, 1, 1], 1, "SAME", 3), (1, 2, "VALID", 1), (1, 1, [[0, 0], [1, 2], [0, 1], [0, 0]], 3),
+    ([1, 1, 2, 1], 1, "SAME", 8), (1, 2, "SAME", 6)],
+    ids=["strided", "dilated_valid", "explicit", "strided_long_patches", "dilated_long_patches"])
+def test_conv2d_per_iteration_images_and_filters_under_xla(strides, dilations, padding,
+                                                           channels):
+    """Under XLA, per-example filter gradients are one batched matmul per filter tap, and
+    per-iteration filters either one batched matmul of patches (patches of at most
+    ``XLA_PATCH_MAX_LENGTH`` entries) or one grouped convolution (longer ones)."""
     conv = lambda x, f: tf.nn.conv2d(x, f, strides, padding, dilations=dilations)  # noqa: E731
-    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, 3], [3, 2, 3, 4])
+    f_shape = [3, 2, channels, 4]
+    assert nn_ops.short_patches(tf.TensorShape(f_shape), 2) == (channels * 6 <= 32)
+    stacks = _conv_grad_stacks(conv, 3, [2, 6, 5, channels], f_shape)
     check_op(vjp(conv), [s[0] for s in stacks], combos=[(True, True, True)], modes=("xla",),
              rtol=1e-4, atol=1e-4, stacked_arrays=stacks)
-    check_op(conv, [rand(2, 6, 5, 3), rand(3, 2, 3, 4)], combos=[(True, True)],
+    check_op(conv, [rand(2, 6, 5, channels), rand(*f_shape)], combos=[(True, True)],
              modes=("xla",), rtol=1e-4, atol=1e-4)
 
 
@@ -180,6 +185,25 @@ def test_pool_grads():
     check_op(together(max=vjp(lambda a: tf.nn.max_pool3d(a, 2, 2, "VALID")),
                       avg=vjp(lambda a: tf.nn.avg_pool3d(a, 2, 2, "VALID"))),
              [rand(1, 4, 4, 4, 2), rand(1, 2, 2, 2, 2)], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pool,shape,size,padding", [
+    (tf.nn.max_pool2d, [2, 7, 5, 3], 2, "VALID"), (tf.nn.max_pool2d, [1, 7, 8, 2], 3, "SAME"),
+    (tf.nn.max_pool2d, [2, 6, 4, 2], [2, 1], "SAME"), (tf.nn.max_pool3d, [1, 5, 4, 3, 2], 2, "SAME"),
+    (tf.nn.max_pool2d, [1, 6, 5, 2], [2, 2], "VALID")],
+    ids=["valid_crop", "same_pad_both_sides", "unequal_windows", "3d_same", "overlap_free"])
+def test_max_pool_grad_under_xla_with_ties(pool, shape, size, padding):
+    """Under XLA, max-pool gradients with non-overlapping windows compare each window with its
+    maximum; the first maximal entry takes the gradient, as in XLA's kernel.  The images come
+    through a ReLU, so windows of equal zeros (ties) are common."""
+    def grad(a, dy):
+        return vjp(lambda b: pool(b, size, size, padding))(tf.nn.relu(a), dy)
+    x = np.round(rand(*shape), 1)           # repeated values: ties inside windows
+    dy = rand(*pool(tf.constant(x), size, size, padding).shape)
+    check_op(grad, [x, dy], modes=("xla",), combos=[(True, True), (True, False), (False, True)])
+    overlapping = vjp(lambda b: tf.nn.max_pool2d(b, 3, 2, "SAME"))
+    check_op(overlapping, [rand(1, 6, 5, 2), rand(1, 3, 3, 2)], modes=("xla",),
+             combos=[(True, True)])
 
 
 def test_resize_grads():

@@ -248,6 +248,24 @@ def test_bias_add():
                                                                       rand(3)])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_sorts_under_xla(dtype):
+    """Under XLA, top-k of a large part of the row (sort, argsort) is one sort of packed int64
+    keys; ties (repeated values, -0.0 and 0.0), infinities, NaNs and descending order included."""
+    values = RNG.integers(-4, 5, size=[2, 9]).astype(dtype)       # many ties
+    if dtype == np.float32:
+        values = values * RNG.uniform(0.5, 1.5, size=values.shape).astype(dtype)
+        values[0, :4] = [-0.0, 0.0, np.inf, -np.inf]
+        values[1, :2] = [np.nan, -np.nan]                   # IEEE total order, as XLA's
+    check_op(together(argsort=lambda a: tf.argsort(a, stable=True),
+                      argsort_down=lambda a: tf.argsort(a, direction="DESCENDING", stable=True),
+                      sort=lambda a: tf.sort(a),
+                      top_all=lambda a: tf.math.top_k(a, 9),
+                      top_third=lambda a: tf.math.top_k(a, 3),
+                      top_two=lambda a: tf.math.top_k(a, 2)),
+             [values], modes=("xla",), rtol=0, atol=0)
+
+
 def test_softmax_family():
     logits, labels = rand(3, 6), rand(3, 6, low=0.1, high=1.0)
     check_op(together(softmax=lambda a: tf.nn.softmax(a),
