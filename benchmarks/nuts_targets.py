@@ -21,6 +21,9 @@ Targets (float32, fixed step sizes so that every sampler does the same trajector
 * ``logistic``: Bayesian logistic regression, 1000 points x 25 regressors, 256 chains.
 * ``eight schools``: the non-centred eight schools model with three state parts (the mean and
   log scale are scalars per chain), 1000 chains, step 0.4.
+* ``gauss100 dense, mass matrix``: the 100-d dense Gaussian with its covariance as the inverse
+  mass matrix (ours and BlackJAX take it as such; TFP through
+  ``tfp.experimental.mcmc.PreconditionedNoUTurnSampler``), step 0.3, 1000 chains.
 
 Implementations: ``tfx_vec pc+xla`` (ours, the default ``NoUTurnSampler``), ``tfp nuts+xla``
 (``tfp.mcmc.NoUTurnSampler``), ``blackjax`` (when JAX and BlackJAX are installed: optional
@@ -58,12 +61,17 @@ class Target:
     init: list[np.ndarray]
     step_size: float
     max_tree_depth: int
+    inverse_mass: np.ndarray | None = None  # a dense inverse mass matrix (None: identity)
+
+
+def _dense_precision(dim: int, seed: int = 0) -> np.ndarray:
+    a = np.random.default_rng(seed).normal(size=(dim, dim))
+    return (a @ a.T / dim + 0.1 * np.eye(dim)).astype(np.float32)
 
 
 def _dense_gaussian(dim: int, chains: int, seed: int = 0) -> Target:
-    rng = np.random.default_rng(seed)
-    a = rng.normal(size=(dim, dim))
-    precision = (a @ a.T / dim + 0.1 * np.eye(dim)).astype(np.float32)
+    precision = _dense_precision(dim, seed)
+    rng = np.random.default_rng(seed + 100)
     chol_cov = np.linalg.cholesky(np.linalg.inv(precision))
     p = tf.constant(precision)
 
@@ -75,6 +83,15 @@ def _dense_gaussian(dim: int, chains: int, seed: int = 0) -> Target:
     return Target(f"gauss{dim} dense, {chains} chains",
                   lambda x: -0.5 * tf.reduce_sum(x * tf.matmul(x, p), axis=-1), jax_log_prob,
                   [(rng.normal(size=(chains, dim)) @ chol_cov.T).astype(np.float32)], 0.1, 8)
+
+
+def _preconditioned_gaussian(dim: int, chains: int) -> Target:
+    """The dense Gaussian with its covariance as the inverse mass matrix and a step size of
+    0.3: in law, every sampler runs the identity-metric NUTS of a standard normal."""
+    target = _dense_gaussian(dim, chains)
+    covariance = np.linalg.inv(_dense_precision(dim)).astype(np.float32)
+    return dataclasses.replace(target, name=f"gauss{dim} dense, mass matrix, {chains} chains",
+                               step_size=0.3, inverse_mass=covariance)
 
 
 def _log_spaced_gaussian(chains: int, seed: int = 1) -> Target:
@@ -151,15 +168,27 @@ def targets(quick: bool) -> list[Target]:
     if quick:
         return [_dense_gaussian(100, 100), _eight_schools(100)]
     return [_dense_gaussian(100, 1000), _dense_gaussian(100, 100), _dense_gaussian(500, 100),
-            _log_spaced_gaussian(1000), _logistic(256), _eight_schools(1000)]
+            _log_spaced_gaussian(1000), _logistic(256), _eight_schools(1000),
+            _preconditioned_gaussian(100, 1000)]
 
 
-def _tf_sampler(kernel_class) -> Callable[[Target], Callable[[], Any]]:
-    """A call running ``NUM_STEPS`` of ``kernel_class`` through ``sample_chain`` under XLA;
-    it returns the per-step, per-chain leapfrog counts."""
+def _tf_sampler(kernel_class, preconditioned_class) -> Callable[[Target], Callable[[], Any]]:
+    """A call running ``NUM_STEPS`` of ``kernel_class`` (``preconditioned_class`` for a target
+    with a mass matrix) through ``sample_chain`` under XLA; it returns the per-step, per-chain
+    leapfrog counts."""
     def make(target: Target) -> Callable[[], Any]:
-        kernel = kernel_class(lambda *parts: target.log_prob(*parts),
-                              step_size=target.step_size, max_tree_depth=target.max_tree_depth)
+        kwargs = {}
+        if target.inverse_mass is not None:
+            kernel_class_ = preconditioned_class
+            # momentum ~ N(0, M): its scale is the Cholesky factor of M = inverse_mass^-1
+            scale = np.linalg.cholesky(np.linalg.inv(target.inverse_mass)).astype(np.float32)
+            kwargs["momentum_distribution"] = tfp.distributions.MultivariateNormalTriL(
+                scale_tril=tf.constant(scale))
+        else:
+            kernel_class_ = kernel_class
+        kernel = kernel_class_(lambda *parts: target.log_prob(*parts),
+                               step_size=target.step_size,
+                               max_tree_depth=target.max_tree_depth, **kwargs)
         init = [tf.constant(p) for p in target.init]
 
         @tf.function(jit_compile=True)
@@ -179,8 +208,9 @@ def _blackjax_sampler(target: Target) -> Callable[[], Any]:
     log_prob = target.jax_log_prob()
     logdensity = lambda parts: log_prob(*parts)
     dims = sum(int(np.prod(p.shape[1:])) for p in target.init)
-    nuts = blackjax.nuts(logdensity, target.step_size,
-                         inverse_mass_matrix=jnp.ones(dims, jnp.float32),
+    inverse_mass = (jnp.ones(dims, jnp.float32) if target.inverse_mass is None
+                    else jnp.asarray(target.inverse_mass))
+    nuts = blackjax.nuts(logdensity, target.step_size, inverse_mass_matrix=inverse_mass,
                          max_num_doublings=target.max_tree_depth)
     init = [jnp.asarray(p) for p in target.init]
     chains = target.init[0].shape[0]
@@ -208,7 +238,9 @@ def _blackjax_available() -> bool:
 
 
 def run(quick: bool) -> Report:
-    makers = {OURS: _tf_sampler(NoUTurnSampler), TFP: _tf_sampler(tfp.mcmc.NoUTurnSampler)}
+    makers = {OURS: _tf_sampler(NoUTurnSampler, NoUTurnSampler),
+              TFP: _tf_sampler(tfp.mcmc.NoUTurnSampler,
+                               tfp.experimental.mcmc.PreconditionedNoUTurnSampler)}
     notes = (f"{NUM_STEPS} NUTS steps per call, sample_chain under XLA (jax.jit for BlackJAX), "
              "same start and seed every call; grads/s = leapfrog steps the chains took / median "
              "seconds per call over interleaved rounds; first_call_s = trace + compile + run; CPU.")
