@@ -467,8 +467,12 @@ def _momentum_block(dist: Any) -> tuple:
         diag = tf.broadcast_to(op.diag_part(), [size])
         return _static_or_tensor(1.0 / diag if is_scale else diag), None
     matrix = tf.reshape(op.to_dense(), [size, size])
-    factor = tf.linalg.matrix_transpose(tf.linalg.inv(matrix)) if is_scale else matrix
-    return _static_or_tensor(factor), _static_or_tensor(tf.linalg.inv(factor))
+    if is_scale:   # C = S^-T, so C^-1 = S^T: one inversion
+        factor, inverse = tf.linalg.matrix_transpose(tf.linalg.inv(matrix)), \
+            tf.linalg.matrix_transpose(matrix)
+    else:
+        factor, inverse = matrix, tf.linalg.inv(matrix)
+    return _static_or_tensor(factor), _static_or_tensor(inverse)
 
 
 class _Momentum:
@@ -525,7 +529,7 @@ class _Momentum:
     def step_size(self, flat_step: tf.Tensor) -> tf.Tensor:
         """The identity-metric program's step sizes: ``step * c``, or the step itself."""
         if self.diagonal:
-            return flat_step * _cast(self.factor, flat_step.dtype)
+            return flat_step * tf.cast(self.factor, flat_step.dtype)
         if flat_step.shape[-1] != 1:
             raise ValueError(
                 "NoUTurnSampler: with a dense momentum_distribution the step size must be the "
@@ -537,15 +541,15 @@ class _Momentum:
         """State and gradient ``[B, D]`` in the program's coordinates y = C^-1 q."""
         if self.diagonal:
             return q, g
-        return (tf.matmul(q, _cast(self.inverse, q.dtype), transpose_b=True),
-                tf.matmul(g, _cast(self.factor, g.dtype)))
+        return (tf.matmul(q, tf.cast(self.inverse, q.dtype), transpose_b=True),
+                tf.matmul(g, tf.cast(self.factor, g.dtype)))
 
     def from_program(self, y: tf.Tensor, g: tf.Tensor) -> tuple:
         """The inverse of :meth:`to_program`."""
         if self.diagonal:
             return y, g
-        return (tf.matmul(y, _cast(self.factor, y.dtype), transpose_b=True),
-                tf.matmul(g, _cast(self.inverse, g.dtype)))
+        return (tf.matmul(y, tf.cast(self.factor, y.dtype), transpose_b=True),
+                tf.matmul(g, tf.cast(self.inverse, g.dtype)))
 
     def target(self, vg: Callable) -> Callable:
         """The log-density and gradient ``vg`` of q, as functions of y."""
@@ -553,13 +557,9 @@ class _Momentum:
             return vg
 
         def vg_y(y):
-            logp, g = vg(tf.matmul(y, _cast(self.factor, y.dtype), transpose_b=True))
-            return logp, tf.matmul(g, _cast(self.factor, g.dtype))
+            logp, g = vg(tf.matmul(y, tf.cast(self.factor, y.dtype), transpose_b=True))
+            return logp, tf.matmul(g, tf.cast(self.factor, g.dtype))
         return vg_y
-
-
-def _cast(x: Any, dtype: tf.DType) -> tf.Tensor:
-    return tf.cast(x, dtype)
 
 
 def _concat(values: list) -> Any:
@@ -961,7 +961,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def _log_normalizer(self, dtype: tf.DType) -> Any:
         """What TFP's kinetic energy adds to ours: -log N(0; 0, M), or 0 without a
         momentum distribution (as ``tfp.mcmc.NoUTurnSampler``)."""
-        return 0.0 if self._momentum is None else _cast(self._momentum.log_normalizer, dtype)
+        return 0.0 if self._momentum is None else tf.cast(self._momentum.log_normalizer, dtype)
 
     def _resumable(self, spec: _StateSpec) -> tuple:
         """The batched program and the options :func:`program_counter.call_resumable` runs
@@ -1165,8 +1165,9 @@ def windowed_adaptive_nuts(num_draws: int, target_log_prob_fn: Callable, initial
     base = NoUTurnSampler(target_log_prob_fn, step_size, **kernel_kwargs)
 
     def kernel(step, scale):
-        md = tfd.MultivariateNormalDiag(scale_diag=scale)
-        if len(parts) > 1:   # one diagonal per part, in state order
+        if len(parts) == 1:
+            md = tfd.MultivariateNormalDiag(scale_diag=scale)
+        else:   # one diagonal per part, in state order
             md = tfd.JointDistributionSequential(
                 [tfd.MultivariateNormalDiag(scale_diag=s) for s in tf.split(scale, spec.sizes)])
         return base.copy(step_size=step, momentum_distribution=md)
