@@ -46,7 +46,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -173,7 +173,12 @@ class DeviceVariable:
 
     def assign(self, node: Node, what: str) -> None:
         self._check(node, what)
-        assign_all((self,), (node,))
+        if units.PROBES:
+            units.note_assign(self)
+        self._node = node
+        self.initialized = True
+        self.last_assign = next(ir.serials)
+        runtime.mark_variable(self)
 
     def flush(self, cause: str) -> tf.Tensor:
         """The host resource, current: pending updates are written first (a barrier)."""
@@ -186,7 +191,7 @@ class DeviceVariable:
         return f"<lazy DeviceVariable {self.name!r} {self.dtype.name}{list(self.shape)}>"
 
 
-def assign_all(states: Sequence[DeviceVariable], nodes: Sequence[Node]) -> None:
+def assign_all(states: list, nodes: list) -> None:
     """``states[k].assign(nodes[k])`` for nodes of the right shape and dtype already (the
     outputs of one recorded call: one creation stamp for all)."""
     if units.PROBES:

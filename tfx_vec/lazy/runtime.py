@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -173,10 +173,14 @@ def mark_variable(var: Any) -> None:
     Updates count toward ``max_graph_size`` like recorded tensors: a loop of ``assign_*``
     without a barrier is cut too.
     """
-    mark_variables((var,))
+    _pending_vars[id(var)] = var
+    _recorded[0] += 1
+    if _recorded[0] > CONFIG.max_graph_size:
+        metrics.bump("graph_size_cuts")
+        barrier("graph size limit")
 
 
-def mark_variables(variables: Sequence[Any]) -> None:
+def mark_variables(variables: list) -> None:
     """:func:`mark_variable` for several variables at once."""
     for var in variables:
         _pending_vars[id(var)] = var
