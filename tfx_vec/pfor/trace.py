@@ -395,14 +395,63 @@ def _inline_trace(body: Callable, specs, holder: dict) -> GraphView | None:
             else tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
         outs = body(*placeholders)
     new_ops = graph.get_operations()[before:]
-    if any(op.type in V1_CONTROL_FLOW or op.type in _FUNCTIONAL_ONLY for op in new_ops):
+    outside = _extensions_of_outer_loops(new_ops, placeholders)
+    if outside is None and any(op.type in V1_CONTROL_FLOW or op.type in _FUNCTIONAL_ONLY
+                               for op in new_ops):
         return None
     placeholder_ops = {p.op for p in placeholders}
-    # Variables the body creates exist once, outside the loop: their ops are inputs.
-    body_ops = [op for op in new_ops
-                if op not in placeholder_ops and op.type not in _VARIABLE_OPS]
+    # Variables the body creates exist once, outside the loop: their ops are inputs, as are
+    # the ops it adds to TF1 while loops built outside it (see below).
+    body_ops = [op for op in new_ops if op not in placeholder_ops
+                and op.type not in _VARIABLE_OPS and op not in (outside or ())]
     return GraphView(graph, [p.op for p in placeholders] + body_ops, placeholders, outs,
                      holder["ops"])
+
+
+def _extensions_of_outer_loops(new_ops: list, placeholders: list) -> set | None:
+    """The ops the body added to TF1 while loops built outside it, with the body's ops they
+    read; None when the body touches no TF1 control flow or TensorArray made outside it.
+
+    A ``tf.gradients`` in the body through such a loop extends the outer loop with
+    accumulators (stack pushes, an iteration counter) and builds a gradient loop of TF1
+    control flow in the body.  The body is then kept in the caller's graph, where these
+    arrays and loops are what TensorFlow's gradient code expects (a function graph would make
+    them functional): the outer loop's new ops run once, as part of that loop (they read
+    no per-iteration value), and the body's own TF1 loops are vectorized as a whole.
+    """
+    members = set(new_ops)
+    loops = {op._get_control_flow_context() for op in new_ops if op.type == "LoopCond"}  # pylint: disable=protected-access
+    outside = [op for op in new_ops if _outer_loop_op(op, loops)]
+    reads_outer_array = any(t.op not in members and t.op.type == "TensorArrayV3"
+                            for op in new_ops for t in op.inputs)
+    if not outside and not reads_outer_array:
+        return None
+    found, todo = set(), list(outside)
+    while todo:
+        op = todo.pop()
+        if op in found or op not in members:
+            continue
+        found.add(op)
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    per_iteration = found & {p.op for p in placeholders}
+    if per_iteration:
+        raise VectorizationError("the loop body extends a TF1 while loop built outside it with "
+                                 "ops that depend on the loop index; build that while loop "
+                                 "inside the loop body")
+    return found
+
+
+def _outer_loop_op(op: tf.Operation, loops: set) -> bool:
+    """Whether ``op`` lies in a TF1 while loop none of whose conditions is in ``loops``."""
+    ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+    in_loop = False
+    while ctx is not None:
+        if ctx in loops:
+            return False
+        in_loop = in_loop or ctx.IsWhileContext()
+        ctx = ctx.outer_context
+    return in_loop
 
 
 def _body_op(graph, op: tf.Operation) -> tf.Operation:

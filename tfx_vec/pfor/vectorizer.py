@@ -39,6 +39,7 @@ from tensorflow.python.ops import handle_data_util
 
 from tfx_vec.pfor import converters as _converters  # noqa: F401  (registers converters)
 from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
+from tfx_vec.pfor.converters.v1_while import group_loops
 from tfx_vec.pfor.errors import VectorizationError, op_error, runtime_message, user_source_line
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, lookup, tile_to_stacked
 
@@ -195,7 +196,10 @@ class Vectorizer:
                 extra[graph.get_tensor_by_name(red_name).op] = [v.op for v in red.values]
         needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra,
                              members)
-        for op in _topological_order(graph, needed, extra):
+        # A TF1 while loop's ops form a cycle: each loop is converted as one unit.
+        units = group_loops(graph.get_operations())
+        needed |= {op for op in units if units[op] in {units.get(o) for o in needed}}
+        for op in _topological_order(graph, needed, extra, units):
             if not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
         return [env[t.ref()] for t in graph.outputs]
@@ -440,15 +444,22 @@ def _needed_ops(outputs: Sequence[tf.Tensor], control_outputs: Sequence[tf.Opera
     return seen
 
 
-def _topological_order(graph: tf.Graph, needed: set, extra: dict) -> list[tf.Operation]:
-    """``needed`` ops in dependency order, creation order breaking ties.
+def _topological_order(graph: tf.Graph, needed: set, extra: dict, units: dict | None = None
+                       ) -> list:
+    """``needed`` ops in dependency order, creation order breaking ties; the ops of each
+    value of ``units`` (a TF1 while loop, ``{op: unit}``) are replaced by the unit.
 
     Creation order alone is not enough: building a while loop's gradient adds accumulator
     outputs to the forward ``While`` op after ops that consume them were created.
     """
-    position = {op: k for k, op in enumerate(graph.get_operations())}
+    units = units or {}
+    position = {}
+    for k, op in enumerate(graph.get_operations()):
+        position.setdefault(units.get(op, op), k)
+    needed = {units.get(op, op) for op in needed}
     ops = sorted(needed, key=lambda o: position.get(o, -1))
-    deps = {op: {t.op for t in op.inputs} | set(op.control_inputs) | set(extra.get(op, ()))
+    deps = {op: {units.get(d, d) for d in [t.op for t in op.inputs] + list(op.control_inputs)
+                 + list(extra.get(op, ()))}
             for op in ops}
     users: dict = collections.defaultdict(list)
     pending = {}

@@ -127,6 +127,38 @@ def conversion_state(x: ConversionInput, key: str, make: Callable[[], Any]) -> A
     return state[key]
 
 
+#: ``conversion_state`` key: ``{placeholder ref: tensor}`` for the resource placeholders and
+#: the loop length of a dry run (a loop body converted to learn which values come out
+#: stacked).
+DRY_RUN_SOURCES = "dry_run_sources"
+
+
+def dry_run_source(x: ConversionInput, t: tf.Tensor) -> tf.Tensor:
+    """The tensor a dry run's placeholder ``t`` stands for (``t`` itself outside dry
+    runs)."""
+    sources = x.vectorizer.converter_state.get(DRY_RUN_SOURCES, {})
+    while t.ref() in sources:
+        t = sources[t.ref()]
+    return t
+
+
+def runs_every_iteration(x: ConversionInput) -> bool:
+    """Whether ``x``'s op is converted for all the iterations at once (not for those a
+    loop-variant ``tf.cond`` or while condition keeps, nor masked)."""
+    return (dry_run_source(x, x.loop_len) is x.vectorizer.loop_len
+            and not x.vectorizer.masked_depth)
+
+
+def copy_state(value: Any) -> Any:
+    """A copy of a ``conversion_state`` entry that later changes to ``value`` do not touch
+    (containers are copied, down through tuples; the ops and tensors they hold are not)."""
+    if isinstance(value, tuple):
+        return tuple(copy_state(v) for v in value)
+    if isinstance(value, (dict, set, list)):
+        return type(value)(value)
+    return value
+
+
 def stacked(*tensors: tf.Tensor) -> list[WrappedTensor]:
     """Wrap every tensor as stacked."""
     return [WrappedTensor(t, True) for t in tensors]

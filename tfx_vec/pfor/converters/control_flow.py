@@ -38,7 +38,8 @@ from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.ops import control_flow_util, handle_data_util, list_ops
 
-from tfx_vec.pfor.converters._helpers import create_op_like, where_positions
+from tfx_vec.pfor.converters._helpers import (DRY_RUN_SOURCES, conversion_state, copy_state,
+                                              create_op_like, where_positions)
 from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, aligned_entry,
                                            counted_parts, handle_dtype, layout_of,
                                            list_element_shape,
@@ -46,8 +47,9 @@ from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, alig
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
-#: Registration modules: their converters are reached through the registry.
-__all__: list[str] = []
+#: Registration modules: their converters are reached through the registry (``While`` is
+#: also the TF1 while loops' converter, see ``v1_while.py``).
+__all__ = ["While"]
 
 
 # {{{ helpers
@@ -132,13 +134,24 @@ def dry_run_kinds(x: ConversionInput, graph, inputs: Sequence[WrappedTensor],
     saved_counts = collections.Counter(getattr(vmod, "_FALLBACKS", {}))
     saved_list = list(getattr(x.vectorizer, "fallbacks", []))
     scratch = func_graph_module.FuncGraph("pfor_dry_run")
+    # What converters record (stacks created, gradient arrays) must not outlive the dry run;
+    # they may look through its placeholders to the values they stand for.
+    saved_state = {k: copy_state(v) for k, v in x.vectorizer.converter_state.items()}
     try:
         with scratch.as_default():
             n = tf.compat.v1.placeholder(tf.int32, [])
-            outs = _convert(x, graph, [_placeholder_like(w, f, c)
-                                       for w, f, c in zip(inputs, flags, layouts)], n)
+            placeholders = [_placeholder_like(w, f, c)
+                            for w, f, c in zip(inputs, flags, layouts)]
+            sources = conversion_state(x, DRY_RUN_SOURCES, dict)
+            sources[n.ref()] = x.loop_len
+            for p, w in zip(placeholders, inputs):
+                if w.t.dtype == tf.resource:
+                    sources[p.t.ref()] = w.t
+            outs = _convert(x, graph, placeholders, n)
             return [w.is_stacked for w in outs], [layout_of(w) for w in outs]
     finally:
+        x.vectorizer.converter_state.clear()
+        x.vectorizer.converter_state.update(saved_state)
         if hasattr(vmod, "_FALLBACKS"):
             vmod._FALLBACKS.clear()
             vmod._FALLBACKS.update(saved_counts)
@@ -330,8 +343,9 @@ def _merge_layout(loop: tuple, out: tuple) -> tuple:
     return loop
 
 
-class _While:
-    """Vectorizes one While op (see the module docstring).
+class While:
+    """Vectorizes one While op (see the module docstring); ``cond`` and ``body`` (default:
+    the op's functions) are the graphs the condition and the body are converted from.
 
     Loop variables the body passes through unchanged and that are loop-invariant (captured
     weights, variable handles) are not carried by the new loop: the body closes over them.
@@ -340,10 +354,10 @@ class _While:
     compacted: the body sees it with ``rows`` = the buffer rows of the active iterations.
     """
 
-    def __init__(self, x: ConversionInput):
+    def __init__(self, x: ConversionInput, cond=None, body=None):
         self.x = x
-        self.cond = function_graph(x.op, "cond")
-        self.body = function_graph(x.op, "body")
+        self.cond = function_graph(x.op, "cond") if cond is None else cond
+        self.body = function_graph(x.op, "body") if body is None else body
         self.n = x.loop_len
         self.k = len(x.inputs)
         self.pass_through = [i is o for i, o in zip(self.body.inputs, self.body.outputs)]
@@ -678,6 +692,6 @@ class _While:
 
 @register_converter("While", "StatelessWhile")
 def _convert_while(x: ConversionInput):
-    return restore_shapes(x, _While(x).convert())
+    return restore_shapes(x, While(x).convert())
 
 # }}}

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like
+from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like, dry_run_source, runs_every_iteration
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -49,14 +49,14 @@ def _stack_op(x: ConversionInput) -> tf.Operation:
     """The ``StackV2`` op (in the emitted graph) behind the handle ``x`` pushes to or pops."""
     if x.is_stacked(0):
         raise x.error("a stack handle that depends on the loop index cannot be vectorized")
-    if x.loop_len is not x.vectorizer.loop_len or x.vectorizer.masked_depth:
+    if not runs_every_iteration(x):
         raise x.error("a stack pushed or popped under control flow whose iterations depend on "
                       "the loop index (a loop-variant tf.cond predicate or while condition) "
                       "cannot be vectorized: the iterations would not push and pop in lock "
                       "step; move the stack operations out of that control flow")
-    handle = x.input(0).t
+    handle = dry_run_source(x, x.input(0).t)
     while handle.op.type in _FORWARDING:
-        handle = handle.op.inputs[0]
+        handle = dry_run_source(x, handle.op.inputs[0])
     if handle.op.type != "StackV2":
         raise x.error(f"the stack handle comes from a {handle.op.type} op, not from StackV2")
     return handle.op

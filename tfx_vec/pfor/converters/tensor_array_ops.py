@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like, fold_batch
+from tfx_vec.pfor.converters._helpers import (conversion_state, create_op_like, dry_run_source, runs_every_iteration,
+                                              fold_batch)
 from tfx_vec.pfor.converters.nn_ops import converter
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
@@ -57,14 +58,14 @@ def _gradient_arrays(x: ConversionInput) -> set:
 
 
 def _per_iteration_array(x: ConversionInput, handle: tf.Tensor) -> bool:
-    op = handle.op
-    while op.type == "Identity":
-        op = op.inputs[0].op
+    op = dry_run_source(x, handle).op
+    while op.type in ("Identity", "Enter"):
+        op = dry_run_source(x, op.inputs[0]).op
     return op in _gradient_arrays(x)
 
 
 def _shared_position(x: ConversionInput, i: int) -> tf.Tensor:
-    if x.loop_len is not x.vectorizer.loop_len or x.vectorizer.masked_depth:
+    if not runs_every_iteration(x):
         raise x.error("a gradient TensorArray used under control flow whose iterations depend "
                       "on the loop index (a loop-variant tf.cond predicate or while "
                       "condition) cannot be vectorized: every iteration must read and write it "
