@@ -118,8 +118,15 @@ class V1Loop:
                                        f"{self.name}, which is neither a loop variable nor "
                                        "a value entering the loop")
         self.cond = _View(self.graph, body_ops, cond_in, [loop_cond.inputs[0]], [])
-        self.body = _View(self.graph, body_ops, body_in, [n.inputs[0] for n in nexts] + shared,
-                          [c for n in nexts for c in n.control_inputs])
+        body_out = [n.inputs[0] for n in nexts] + shared
+        effects = [c for n in nexts for c in n.control_inputs]
+        self.body = _View(self.graph, body_ops, body_in, body_out, effects)
+        #: The body with its side effects (accumulator pushes each step must run: nothing
+        #: reads them) as extra outputs, or control outputs for ops without outputs.
+        self.body_with_effects = _View(
+            self.graph, body_ops, body_in,
+            body_out + [c.outputs[0] for c in effects if c.outputs],
+            [c for c in effects if not c.outputs])
 
     def get_attr(self, name: str) -> Any:
         if name != "parallel_iterations":
@@ -163,9 +170,36 @@ def group_loops(ops: list) -> dict:
     return units
 
 
+class _While(While):
+    """A TF1 loop's variables keep the loop's static shapes only on exit: ops re-emitted in
+    its body may lose shapes that TensorFlow's Python code had set (a TensorArray read's)."""
+
+    def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
+        return tf.TensorShape(None)
+
+    def _run_body(self, values, flags, n) -> list[tf.Tensor]:
+        """Each step's new values, after the step's side effects (which the TF1 loop orders
+        by control edges to its ``NextIteration`` ops)."""
+        loop, vec = self.x.op, self.x.vectorizer
+        outs = vec.convert_graph(loop.body_with_effects, list(values), n)
+        k = len(loop.body.outputs)
+        effects = [w.t for w in outs[k:]]
+        for op in loop.body_with_effects.control_outputs:
+            effects.extend(vec.side_effects.get(op, ()))
+        flat = self._flat(outs[:k], values, flags, n)
+        with tf.control_dependencies(effects):
+            return [tf.identity(t) for t in flat]
+
+
 @register_converter(V1_WHILE)
 def _convert(x: ConversionInput):
     loop = x.op
     if not isinstance(loop, V1Loop):
         raise VectorizationError(f"{V1_WHILE} converter called on {loop!r}")
-    return restore_shapes(x, While(x, loop.cond, loop.body).convert())
+    try:
+        return restore_shapes(x, _While(x, loop.cond, loop.body).convert())
+    except VectorizationError:
+        raise
+    except Exception as e:  # no per-iteration fallback for a loop of many ops: name it
+        raise op_error(loop, f"the TF1 while loop {loop.name} could not be vectorized: "
+                             f"{type(e).__name__}: {e}") from e
