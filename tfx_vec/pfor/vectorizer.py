@@ -194,11 +194,18 @@ class Vectorizer:
         for red_name, (red, _) in self.reductions.items():
             if red.values and red.values[0].graph is underlying and red.values[0].op in members:
                 extra[graph.get_tensor_by_name(red_name).op] = [v.op for v in red.values]
-        needed = _needed_ops(graph.outputs, getattr(graph, "control_outputs", []), extra,
-                             members)
-        # A TF1 while loop's ops form a cycle: each loop is converted as one unit.
+        roots = list(getattr(graph, "control_outputs", []))
+        needed = _needed_ops(graph.outputs, roots, extra, members)
+        # A TF1 while loop's ops form a cycle: each loop is converted as one unit, which
+        # needs all of its ops (and what they read).
         units = group_loops(graph.get_operations())
-        needed |= {op for op in units if units[op] in {units.get(o) for o in needed}}
+        while True:
+            touched = {units[op] for op in needed if op in units}
+            more = [op for op in units if units[op] in touched and op not in needed]
+            if not more:
+                break
+            roots += more
+            needed = _needed_ops(graph.outputs, roots, extra, members)
         for op in _topological_order(graph, needed, extra, units):
             if not (op.outputs and all(o.ref() in env for o in op.outputs)):
                 self._convert_op(op, env, loop_len)
