@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.python.util import nest
 
 from tfx_vec.pfor import composites, eager_cache, trace
+from tfx_vec.pfor.converters.parsing_ops import unbatch_inputs
 from tfx_vec.pfor.eager_cache import cache_stats, clear_cache
 from tfx_vec.pfor.errors import VectorizationError
 from tfx_vec.pfor.registry import WrappedTensor, tile_to_stacked
@@ -233,7 +234,8 @@ def _vectorize(fn: Callable, specs: Sequence[tf.TensorSpec], bound: Sequence[Wra
     for leaf, ax in zip(traced.leaves, leaf_axes):
         if leaf.kind == "tensor":
             k = leaf.slots[0]
-            results.append(_place(outs[k], outputs[k], ax, loop_len, n_static))
+            w, = unbatch_inputs([outs[k]], loop_len)
+            results.append(_place(w, outputs[k], ax, loop_len, n_static))
             continue
         if leaf.kind in ("sparse", "composite") and ax != 0:
             raise ValueError(f"vectorized_map: out_axes {ax} for a {leaf.kind} output; "
@@ -294,6 +296,7 @@ def _chunked(traced, bound: Sequence[WrappedTensor], loop_len, options, chunk: i
         sliced = [WrappedTensor(_rows(w.t, start, size), True) if w.is_stacked else w
                   for w in bound]
         outs, side = _convert(traced, sliced, size, options, chunked=True)
+        outs = unbatch_inputs(outs, size)  # (chunks are concatenated as stacked tensors)
         with tf.control_dependencies([op for ops in side for op in ops]):
             outs = [tf.identity(w.t if w.is_stacked else tile_to_stacked(w.t, size))
                     for w in outs]

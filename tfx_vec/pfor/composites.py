@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from tfx_vec.pfor.converters.parsing_ops import BatchedSparsePart, unbatch_inputs
 from tfx_vec.pfor.registry import WrappedTensor, tile_to_stacked
 from tfx_vec.pfor.trace import Leaf, composite_spec
 
@@ -122,6 +123,10 @@ def _stacked(w: WrappedTensor, loop_len) -> tf.Tensor:
 def _sparse(indices: WrappedTensor, values: WrappedTensor, shape: WrappedTensor,
             loop_len) -> tf.SparseTensor:
     """Per-iteration sparse components -> one SparseTensor with a leading iteration axis."""
+    parts = (indices, values, shape)
+    if all(isinstance(w, BatchedSparsePart) for w in parts):
+        return tf.SparseTensor(indices.t, values.t, shape.t)
+    indices, values, shape = unbatch_inputs(parts, loop_len)
     idx = tf.cast(_stacked(indices, loop_len), tf.int64)            # [n, m, r]
     vals = _stacked(values, loop_len)                               # [n, m]
     shapes = tf.cast(_stacked(shape, loop_len), tf.int64)           # [n, r]
@@ -159,6 +164,7 @@ def assemble_leaf(leaf: Leaf, outs: Sequence[WrappedTensor], loop_len, n_static,
         return tf.group(*side_effects) if side_effects else tf.no_op()
     if leaf.kind == "sparse":
         return _sparse(*[outs[k] for k in leaf.slots], loop_len)
-    tensors = [_stacked(outs[k], loop_len) for k in leaf.slots]
+    tensors = [_stacked(w, loop_len)
+               for w in unbatch_inputs([outs[k] for k in leaf.slots], loop_len)]
     batched = leaf.spec._batch(n_static)  # pylint: disable=protected-access
     return batched._from_compatible_tensor_list(tensors)  # pylint: disable=protected-access

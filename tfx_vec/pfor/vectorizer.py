@@ -39,6 +39,7 @@ from tensorflow.python.ops import handle_data_util
 
 from tfx_vec.pfor import converters as _converters  # noqa: F401  (registers converters)
 from tfx_vec.pfor.converters._helpers import create_op_like, emit_op
+from tfx_vec.pfor.converters.parsing_ops import forward_batched, unbatch_inputs
 from tfx_vec.pfor.converters.v1_while import group_loops
 from tfx_vec.pfor.errors import VectorizationError, op_error, runtime_message, user_source_line
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, lookup, tile_to_stacked
@@ -251,6 +252,12 @@ class Vectorizer:
             self._convert_placeholder(op, env, loop_len)
             return
         inputs = [env[t.ref()] for t in op.inputs]
+        if any(getattr(w, "batched", False) for w in inputs):
+            forwarded = forward_batched(op, inputs)
+            if forwarded is not None:
+                env.update((t.ref(), w) for t, w in zip(op.outputs, forwarded))
+                return
+            inputs = unbatch_inputs(inputs, loop_len)
         stateful = _is_stateful(op)
         converter = lookup(op.type)
         any_stacked = any(w.is_stacked for w in inputs)
@@ -502,6 +509,8 @@ def _check_result(op: tf.Operation, result: list[WrappedTensor]) -> None:
         if w.t.dtype != o.dtype:
             raise op_error(op, f"converter output {k} has dtype {w.t.dtype.name}, expected "
                                f"{o.dtype.name}")
+        if getattr(w, "batched", False):
+            continue  # (a sparse component of all iterations, see parsing_ops)
         if o.dtype in (tf.variant, tf.resource):
             continue  # handles (e.g. internally stacked TensorLists) keep their own shapes
         shape = w.t.shape[1:] if w.is_stacked and w.t.shape.rank else w.t.shape

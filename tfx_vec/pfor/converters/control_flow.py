@@ -44,6 +44,7 @@ from tfx_vec.pfor.converters.lists import (PER_ROW, SHARED, RowCountedList, alig
                                            counted_parts, handle_dtype, layout_of,
                                            list_element_shape,
                                            restore_shapes, slice_counted, stack_like)
+from tfx_vec.pfor.converters.parsing_ops import unbatch_inputs
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
@@ -91,7 +92,8 @@ def _gather_rows(inputs: Sequence[WrappedTensor], rows: tf.Tensor) -> list[Wrapp
 
 
 def _convert(x: ConversionInput, graph, inputs, loop_len) -> list[WrappedTensor]:
-    return x.vectorizer.convert_graph(graph, list(inputs), loop_len)
+    # (a branch's or a step's results are stitched and carried as stacked tensors)
+    return unbatch_inputs(x.vectorizer.convert_graph(graph, list(inputs), loop_len), loop_len)
 
 
 def _placeholder_like(w: WrappedTensor, stacked: bool, layout=(0, False, False, False)

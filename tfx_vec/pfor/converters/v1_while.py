@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from tfx_vec.pfor.converters.control_flow import While
 from tfx_vec.pfor.converters.lists import restore_shapes
+from tfx_vec.pfor.converters.parsing_ops import unbatch_inputs
 from tfx_vec.pfor.errors import VectorizationError, op_error
 from tfx_vec.pfor.registry import ConversionInput, register_converter
 
@@ -181,7 +182,7 @@ class _While(While):
         """Each step's new values, after the step's side effects (which the TF1 loop orders
         by control edges to its ``NextIteration`` ops)."""
         loop, vec = self.x.op, self.x.vectorizer
-        outs = vec.convert_graph(loop.body_with_effects, list(values), n)
+        outs = unbatch_inputs(vec.convert_graph(loop.body_with_effects, list(values), n), n)
         k = len(loop.body.outputs)
         effects = [w.t for w in outs[k:]]
         for op in loop.body_with_effects.control_outputs:
