@@ -107,7 +107,11 @@ def _pop(x: ConversionInput):
     # A stack without a converted push holds what was pushed outside the loop: one value
     # shared by all iterations.
     is_stacked = holds_stacked.setdefault(stack, False)
-    return [WrappedTensor(create_op_like(x.op, [x.input(0).t])[0], is_stacked)]
+    value = create_op_like(x.op, [x.input(0).t])[0]
+    # (the shape TensorFlow's gradient code set on the pop: the accumulated value's)
+    shape = x.op.outputs[0].shape
+    value.set_shape(tf.TensorShape([None]).concatenate(shape) if is_stacked else shape)
+    return [WrappedTensor(value, is_stacked)]
 
 
 @register_converter("StackCloseV2")

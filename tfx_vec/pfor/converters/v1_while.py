@@ -37,7 +37,7 @@ from tfx_vec.pfor.converters.control_flow import While
 from tfx_vec.pfor.converters.lists import restore_shapes
 from tfx_vec.pfor.converters.parsing_ops import unbatch_inputs
 from tfx_vec.pfor.errors import VectorizationError, op_error
-from tfx_vec.pfor.registry import ConversionInput, register_converter
+from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
 __all__ = ["V1Loop", "group_loops", "V1_WHILE"]
 
@@ -172,11 +172,20 @@ def group_loops(ops: list) -> dict:
 
 
 class _While(While):
-    """A TF1 loop's variables keep the loop's static shapes only on exit: ops re-emitted in
-    its body may lose shapes that TensorFlow's Python code had set (a TensorArray read's)."""
+    """The new loop's variables have no shape invariants: ops re-emitted in the body may lose
+    shapes that TensorFlow's Python code had set (a TensorArray read's).  The body and the
+    condition see each variable with the static shape the TF1 loop enforced."""
 
     def shape_invariant(self, i: int, stacked: bool) -> tf.TensorShape:
         return tf.TensorShape(None)
+
+    def _values(self, flat, flags, rows=None) -> list:
+        values = super()._values(flat, flags, rows)
+        for w, original in zip(values, self.body.inputs):
+            if type(w) is WrappedTensor and original.dtype not in (tf.variant, tf.resource):
+                w.t.set_shape(tf.TensorShape([None]).concatenate(original.shape)
+                              if w.is_stacked else original.shape)
+        return values
 
     def _run_body(self, values, flags, n) -> list[tf.Tensor]:
         """Each step's new values, after the step's side effects (which the TF1 loop orders
