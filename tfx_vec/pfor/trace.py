@@ -410,7 +410,7 @@ def _inline_trace(body: Callable, specs, holder: dict) -> GraphView | None:
 
 def _extensions_of_outer_loops(new_ops: list, placeholders: list) -> set | None:
     """The ops the body added to TF1 while loops built outside it, with the body's ops they
-    read; None when the body touches no TF1 control flow or TensorArray made outside it.
+    read; None when the body differentiates no TF1 loop or TensorArray made outside it.
 
     A ``tf.gradients`` in the body through such a loop extends the outer loop with
     accumulators (stack pushes, an iteration counter) and builds a gradient loop of TF1
@@ -422,9 +422,7 @@ def _extensions_of_outer_loops(new_ops: list, placeholders: list) -> set | None:
     members = set(new_ops)
     loops = {op._get_control_flow_context() for op in new_ops if op.type == "LoopCond"}  # pylint: disable=protected-access
     outside = [op for op in new_ops if _outer_loop_op(op, loops)]
-    reads_outer_array = any(t.op not in members and t.op.type == "TensorArrayV3"
-                            for op in new_ops for t in op.inputs)
-    if not outside and not reads_outer_array:
+    if not outside and not any(_outer_array_gradient(op, members) for op in new_ops):
         return None
     found, todo = set(), list(outside)
     while todo:
@@ -440,6 +438,16 @@ def _extensions_of_outer_loops(new_ops: list, placeholders: list) -> set | None:
                                  "ops that depend on the loop index; build that while loop "
                                  "inside the loop body")
     return found
+
+
+def _outer_array_gradient(op: tf.Operation, members: set) -> bool:
+    """Whether ``op`` makes the gradient array of a TensorArray made outside the body."""
+    if op.type != "TensorArrayGradV3":
+        return False
+    handle = op.inputs[0]
+    while handle.op in members and handle.op.type in ("Enter", "Identity"):
+        handle = handle.op.inputs[0]
+    return handle.op not in members
 
 
 def _outer_loop_op(op: tf.Operation, loops: set) -> bool:

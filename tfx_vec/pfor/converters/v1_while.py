@@ -14,9 +14,8 @@ is a :class:`~tfx_vec.VectorizationError`.
 
 Example:
     >>> import tensorflow as tf, tfx_vec
-    >>> from tensorflow.python.ops import control_flow_v2_toggles
-    >>> v2 = control_flow_v2_toggles.control_flow_v2_enabled()
-    >>> control_flow_v2_toggles.disable_control_flow_v2()
+    >>> v2 = tf.compat.v1.control_flow_v2_enabled()
+    >>> tf.compat.v1.disable_control_flow_v2()
     >>> with tf.Graph().as_default():
     ...     x = tf.constant([1.0, 2.0])
     ...     _, y = tf.compat.v1.while_loop(lambda k, v: k < 3, lambda k, v: (k + 1, v * x),
@@ -25,7 +24,7 @@ Example:
     ...     with tf.compat.v1.Session() as sess:
     ...         print(sess.run(dy).tolist())
     [[4.0, 0.0], [0.0, 32.0]]
-    >>> if v2: control_flow_v2_toggles.enable_control_flow_v2()
+    >>> if v2: tf.compat.v1.enable_control_flow_v2()
 """
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ V1_WHILE = "TF1WhileLoop"
 
 #: Ops of TF1 control flow, as they appear in a loop.
 _LOOP_OPS = frozenset({"Enter", "Merge", "Switch", "LoopCond", "NextIteration", "Exit"})
-_CONDITIONAL_OPS = frozenset({"Switch", "Merge", "RefSwitch", "RefMerge", "RefEnter",
+_OTHER_CONTROL_FLOW = frozenset({"Switch", "Merge", "RefSwitch", "RefMerge", "RefEnter",
                               "RefExit", "RefNextIteration"})
 
 
@@ -159,7 +158,7 @@ def group_loops(ops: list) -> dict:
             ctx = ctx.outer_context
         if outermost is not None:
             members.setdefault(outermost, []).append(op)
-        elif op.type in _CONDITIONAL_OPS or op.type in _LOOP_OPS:
+        elif op.type in _OTHER_CONTROL_FLOW or op.type in _LOOP_OPS:
             raise op_error(op, f"the TF1 control-flow op {op.name} is not part of a TF1 while "
                                "loop pfor can vectorize (a TF1 tf.cond in a loop body that "
                                "differentiates TF1 control flow made outside it is not "
