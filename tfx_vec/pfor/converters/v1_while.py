@@ -20,7 +20,7 @@ Example:
     ...     x = tf.constant([1.0, 2.0])
     ...     _, y = tf.compat.v1.while_loop(lambda k, v: k < 3, lambda k, v: (k + 1, v * x),
     ...                                    [0, x])                    # y = x ** 4
-    ...     dy = tfx_vec.pfor(lambda i: tf.gradients(tf.gather(y, i), x)[0], 2)
+    ...     dy = tfx_vec.pfor(lambda i: tf.gradients(y[i], x)[0], 2)
     ...     with tf.compat.v1.Session() as sess:
     ...         print(sess.run(dy).tolist())
     [[4.0, 0.0], [0.0, 32.0]]
