@@ -24,3 +24,15 @@ def grappler_on():
     the vectorized graph survives them; the autouse fixture above restores the options."""
     import tensorflow as tf
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+
+
+@pytest.fixture
+def tf1_control_flow():
+    """TF1 control flow: in a graph, ``tf.compat.v1.while_loop`` builds Enter/Merge/Switch/Exit
+    ops and ``tf.TensorArray`` is a resource TensorArray."""
+    import tensorflow as tf
+    was_v2 = tf.compat.v1.control_flow_v2_enabled()
+    tf.compat.v1.disable_control_flow_v2()
+    yield
+    if was_v2:
+        tf.compat.v1.enable_control_flow_v2()

@@ -59,16 +59,6 @@ def test_per_iteration_values_at_one_position_are_an_error():
                 handle=ta, index=0, value=tf.cast(i, tf.float32), flow_in=flow), 2)
 
 
-@pytest.fixture
-def tf1_arrays():
-    """TF1 control flow: ``tf.TensorArray`` in a graph is a resource TensorArray."""
-    was_v2 = tf.compat.v1.control_flow_v2_enabled()
-    tf.compat.v1.disable_control_flow_v2()
-    yield
-    if was_v2:
-        tf.compat.v1.enable_control_flow_v2()
-
-
 def _gradients_per_iteration(seed, through_array):
     """Per iteration ``i``: d(row i of ``sin(x) * w`` times ``v[i]``)/dx, with ``x`` passed
     through a TensorArray (``unstack``/``stack``/``read``) or not (the reference)."""
@@ -97,13 +87,13 @@ def _gradients_per_iteration(seed, through_array):
             return sess.run(out)
 
 
-def test_gradients_through_an_array_made_outside_are_per_iteration(tf1_arrays):
+def test_gradients_through_an_array_made_outside_are_per_iteration(tf1_control_flow):
     got = _gradients_per_iteration(7, through_array=True)
     want = _gradients_per_iteration(7, through_array=False)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_of_a_read_at_a_per_iteration_position_is_an_error(tf1_arrays):
+def test_gradient_of_a_read_at_a_per_iteration_position_is_an_error(tf1_control_flow):
     with tf.Graph().as_default():
         x = tf.constant(np.random.default_rng(5).normal(size=(3,)), tf.float32)
         ta = tf.TensorArray(tf.float32, 3, clear_after_read=False).unstack(x)

@@ -8,15 +8,7 @@ import tensorflow as tf
 import tfx_vec
 
 
-@pytest.fixture(autouse=True)
-def tf1_control_flow():
-    """TF1 control flow: ``tf.compat.v1.while_loop`` builds Enter/Merge/Switch/Exit ops and
-    ``tf.TensorArray`` is a resource TensorArray."""
-    was_v2 = tf.compat.v1.control_flow_v2_enabled()
-    tf.compat.v1.disable_control_flow_v2()
-    yield
-    if was_v2:
-        tf.compat.v1.enable_control_flow_v2()
+pytestmark = pytest.mark.usefixtures("tf1_control_flow")
 
 
 def _against_each_iteration(loop_fn, n, **kw):
