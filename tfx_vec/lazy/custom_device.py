@@ -386,14 +386,47 @@ def _t_attrs(dtype: tf.DType) -> bytes:
     return b
 
 
+class _Recipe:
+    """What recording an op makes for inputs of given signatures: its node attrs and output
+    signatures, found once (``raw.describe``, ``raw.infer``) and kept per ``(op type, attrs,
+    input signatures)``.  ``direct``: :func:`_execute` may use it before describing the op (a
+    recorded op with no compile-time constant inputs, never folded)."""
+
+    __slots__ = ("attrs", "flat", "enums", "direct")
+
+    def __init__(self, op: raw.RawOp, spec: Any):
+        self.attrs = (op.type, op.attrs)
+        self.flat = tuple([(shape, dtype, (shape, dtype.as_datatype_enum))
+                           for shape, dtype in spec.flat])
+        self.enums = tuple([sig[1] for _, _, sig in self.flat])
+        self.direct = op.kind == "record" and not op.constant and not op.foldable and \
+            op.type not in _SPECIAL
+
+    def nodes(self, inputs: tuple) -> list:
+        """The op's output nodes on ``inputs`` (nodes), recorded."""
+        metrics._counters["ops_recorded"] += 1
+        flat = self.flat
+        if len(flat) == 1:
+            shape, dtype, sig = flat[0]
+            return [Node.recorded("raw", inputs, self.attrs, shape, dtype, sig)]
+        return Node.outputs(Node.recorded("raw", inputs, self.attrs, None, None, None), flat)
+
+    def specs(self, inputs: tuple) -> list:
+        """The output specs of the device (new lazy tensors) of the op on ``inputs``."""
+        return [(LazyTensor(n), e, n.shape) for n, e in zip(self.nodes(inputs), self.enums)]
+
+
+_recipes: dict = {}
+
+
 def _record(op: raw.RawOp, nodes: list) -> list:
     """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
     sig = [op.type, op.attrs]
     for n in nodes:
         sig.append(n.sig if n.op != "const" else n.attrs)
     sig = tuple(sig)
-    spec = raw._specs.get(sig)
-    if spec is None:
+    recipe = _recipes.get(sig)
+    if recipe is None:
         try:
             spec = raw.infer(op, nodes, sig)
         except Unrecordable:
@@ -401,13 +434,10 @@ def _record(op: raw.RawOp, nodes: list) -> list:
         except (ValueError, TypeError, tf.errors.OpError) as err:
             raise LazyShapeError(f"{op.type}: {str(err).splitlines()[0]} (recorded at "
                                  f"{runtime.user_frame()})") from err
-    metrics._counters["ops_recorded"] += 1
-    inputs = tuple(nodes)
-    if len(spec.flat) == 1:
-        shape, dtype = spec.flat[0]
-        return [Node("raw", inputs, (op.type, op.attrs), shape, dtype)]
-    base = Node("raw", inputs, (op.type, op.attrs), None, None)
-    return [Node("out", (base,), (i,), s, d) for i, (s, d) in enumerate(spec.flat)]
+        if len(_recipes) >= raw.SPECS_MAX:
+            _recipes.clear()
+        recipe = _recipes[sig] = _Recipe(op, spec)
+    return recipe.nodes(tuple(nodes))
 
 
 def _small_known(n: Node) -> bool:
@@ -446,6 +476,7 @@ def _freeze_array(arr: np.ndarray) -> Any:
 
 
 _owner: list = [None]   # the thread that uses the device (the runtime's state is global)
+_get_ident = threading.get_ident
 
 
 def _check_thread() -> None:
@@ -462,11 +493,31 @@ def _check_thread() -> None:
 def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     """The device's execute callback: record the op (or run it on the host) and return output
     specs (see ``custom_device.cc``)."""
-    if threading.get_ident() != _owner[0]:
+    if _get_ident() != _owner[0]:
         _check_thread()
     special = _SPECIAL.get(op_type)
     if special is not None:
         return special(op_type, attrs, inputs, cap)
+    # The path of an op recorded before on inputs of the same signatures: its recipe, keyed
+    # as _record keys it (a host tensor's signature is its data or scalar leaf's).
+    sig = [op_type, attrs]
+    host = False
+    for x in inputs:
+        if type(x) is LazyTensor:
+            n = x._node
+            sig.append(n.sig if n.op != "const" else n.attrs)
+        elif type(x) is DeviceVariable:
+            break
+        else:
+            sig.append((x._shape_tuple(), x._datatype_enum()))
+            host = True
+    else:
+        recipe = _recipes.get(tuple(sig))
+        if recipe is not None and recipe.direct:
+            if host:
+                return recipe.specs(tuple([x._node if type(x) is LazyTensor else _node_of(x)
+                                           for x in inputs]))
+            return recipe.specs(tuple([x._node for x in inputs]))
     op = raw.describe(op_type, attrs, len(inputs))
     if op.kind != "record":
         return _run_on_host(op, inputs, cap, op.kind, op.reason)
