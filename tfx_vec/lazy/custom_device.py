@@ -392,28 +392,33 @@ class _Recipe:
     input signatures)``.  ``direct``: :func:`_execute` may use it before describing the op (a
     recorded op with no compile-time constant inputs, never folded)."""
 
-    __slots__ = ("attrs", "flat", "enums", "direct")
+    __slots__ = ("attrs", "flat", "single", "direct")
 
     def __init__(self, op: raw.RawOp, spec: Any):
         self.attrs = (op.type, op.attrs)
         self.flat = tuple([(shape, dtype, (shape, dtype.as_datatype_enum))
                            for shape, dtype in spec.flat])
-        self.enums = tuple([sig[1] for _, _, sig in self.flat])
+        self.single = self.flat[0] if len(self.flat) == 1 else None
         self.direct = op.kind == "record" and not op.constant and not op.foldable and \
             op.type not in _SPECIAL
 
     def nodes(self, inputs: tuple) -> list:
         """The op's output nodes on ``inputs`` (nodes), recorded."""
         metrics._counters["ops_recorded"] += 1
-        flat = self.flat
-        if len(flat) == 1:
-            shape, dtype, sig = flat[0]
+        if self.single is not None:
+            shape, dtype, sig = self.single
             return [Node.recorded("raw", inputs, self.attrs, shape, dtype, sig)]
-        return Node.outputs(Node.recorded("raw", inputs, self.attrs, None, None, None), flat)
+        return Node.outputs(Node.recorded("raw", inputs, self.attrs, None, None, None),
+                            self.flat)
 
     def specs(self, inputs: tuple) -> list:
-        """The output specs of the device (new lazy tensors) of the op on ``inputs``."""
-        return [(LazyTensor(n), e, n.shape) for n, e in zip(self.nodes(inputs), self.enums)]
+        """The device's output specs (new lazy tensors) of the op on ``inputs``, recorded."""
+        if self.single is None:
+            return [(LazyTensor._recorded(n), n.sig[1], n.shape) for n in self.nodes(inputs)]
+        metrics._counters["ops_recorded"] += 1
+        shape, dtype, sig = self.single
+        return [(LazyTensor._recorded(Node.recorded("raw", inputs, self.attrs, shape, dtype,
+                                                    sig)), sig[1], shape)]
 
 
 _recipes: dict = {}
@@ -501,23 +506,25 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     # The path of an op recorded before on inputs of the same signatures: its recipe, keyed
     # as _record keys it (a host tensor's signature is its data or scalar leaf's).
     sig = [op_type, attrs]
+    nodes = []
     host = False
     for x in inputs:
         if type(x) is LazyTensor:
             n = x._node
             sig.append(n.sig if n.op != "const" else n.attrs)
+            nodes.append(n)
         elif type(x) is DeviceVariable:
             break
         else:
             sig.append((x._shape_tuple(), x._datatype_enum()))
+            nodes.append(x)
             host = True
     else:
         recipe = _recipes.get(tuple(sig))
         if recipe is not None and recipe.direct:
-            if host:
-                return recipe.specs(tuple([x._node if type(x) is LazyTensor else _node_of(x)
-                                           for x in inputs]))
-            return recipe.specs(tuple([x._node for x in inputs]))
+            if host:  # a host tensor's leaf is made once the op is known to be recorded
+                nodes = [_node_of(x) if type(x) is not Node else x for x in nodes]
+            return recipe.specs(tuple(nodes))
     op = raw.describe(op_type, attrs, len(inputs))
     if op.kind != "record":
         return _run_on_host(op, inputs, cap, op.kind, op.reason)
