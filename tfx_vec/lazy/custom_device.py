@@ -407,9 +407,8 @@ class _Recipe:
         metrics._counters["ops_recorded"] += 1
         if self.single is not None:
             shape, dtype, sig = self.single
-            return [Node.recorded("raw", inputs, self.attrs, shape, dtype, sig)]
-        return Node.outputs(Node.recorded("raw", inputs, self.attrs, None, None, None),
-                            self.flat)
+            return [Node("raw", inputs, self.attrs, shape, dtype, None, None, sig)]
+        return Node.outputs(Node("raw", inputs, self.attrs, None, None), self.flat)
 
     def specs(self, inputs: tuple) -> list:
         """The device's output specs (new lazy tensors) of the op on ``inputs``, recorded."""
@@ -417,8 +416,8 @@ class _Recipe:
             return [(LazyTensor._recorded(n), n.sig[1], n.shape) for n in self.nodes(inputs)]
         metrics._counters["ops_recorded"] += 1
         shape, dtype, sig = self.single
-        return [(LazyTensor._recorded(Node.recorded("raw", inputs, self.attrs, shape, dtype,
-                                                    sig)), sig[1], shape)]
+        return [(LazyTensor._recorded(Node("raw", inputs, self.attrs, shape, dtype, None, None,
+                                           sig)), sig[1], shape)]
 
 
 _recipes: dict = {}

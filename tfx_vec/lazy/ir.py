@@ -51,32 +51,38 @@ class Node:
                  "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
-                 dtype: tf.DType | None, value: Any = None, serial: int | None = None):
+                 dtype: tf.DType | None, value: Any = None, serial: int | None = None,
+                 sig: tuple | None = None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
         self.shape = shape
         self.dtype = dtype
         self.value = value
-        # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
-        self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
+        # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code); a
+        # caller that knows it (the recorder, per op) passes it
+        self.sig = sig if sig is not None or dtype is None else (shape, dtype.as_datatype_enum)
         self.serial = next(serials) if serial is None else serial
         if op in LEAF_OPS:
             self.pos = -1
             return
-        RECORDING.append(self, attrs, serial)
-
-    @staticmethod
-    def recorded(op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
-                 dtype: tf.DType | None, sig: tuple | None) -> "Node":
-        """``Node(op, inputs, attrs, shape, dtype)`` for a new op node (not a leaf, not
-        ``grad``) whose ``sig`` the caller knows: the recorder's path for every op."""
-        n = _new(Node)
-        n.op, n.inputs, n.attrs, n.shape, n.dtype, n.value, n.sig = \
-            op, inputs, attrs, shape, dtype, None, sig
-        n.serial = next(serials)
-        RECORDING.append(n, attrs, None)
-        return n
+        # Append this op to the recording's structural log (see ``Recording``), inline: it
+        # runs once per recorded op.
+        rec = RECORDING
+        base = rec.base
+        refs = []
+        for x in inputs:
+            p = x.pos
+            if p < base:
+                p = rec.first_sight(x)
+            refs.append(p - base)
+        refs = tuple(refs)
+        if serial is not None or op == "grad":  # a rewritten node (old stamp), or a window
+            attrs = rec.window(self, attrs, serial)
+        log = rec.log
+        self.pos = base + len(log)
+        log.append((op, attrs, self.sig, refs))
+        rec.nodes.append(self)
 
     @staticmethod
     def outputs(base: "Node", sigs: Sequence[tuple], first: int = 0) -> list:
@@ -88,7 +94,7 @@ class Node:
         start = rec.base
         ref = (base.pos - start,)
         inputs = (base,)
-        new = _new
+        new = Node.__new__
         out = []
         for i, (shape, dtype, sig) in enumerate(sigs, first):
             n = new(Node)
@@ -155,23 +161,6 @@ class Recording:
         self.nodes: list = []
         self.ok = True
 
-    def append(self, node: "Node", attrs: tuple, serial: int | None) -> None:
-        """Log a new op node (its inputs by position; ``serial``: the old stamp of a
-        rewritten node) and give it its position."""
-        base = self.base
-        refs = []
-        for x in node.inputs:
-            p = x.pos
-            if p < base:
-                p = self.first_sight(x)
-            refs.append(p - base)
-        if serial is not None or node.op == "grad":  # a rewritten node (old stamp), or a window
-            attrs = self.window(node, attrs, serial)
-        log = self.log
-        node.pos = base + len(log)
-        log.append((node.op, attrs, node.sig, tuple(refs)))
-        self.nodes.append(node)
-
     def first_sight(self, node: "Node") -> int:
         """The position of ``node`` in this log, logging a leaf on its first use."""
         if node.pos >= self.base:
@@ -228,7 +217,6 @@ class Recording:
 
 
 RECORDING = Recording()
-_new = Node.__new__
 
 
 class Key(tuple):
