@@ -372,8 +372,23 @@ def _node_of(x: Any) -> Node:
         raise LazyError(f"the resource handle of variable {x.name!r} used as a value")
     shape = x._shape_tuple()
     if not shape and x.dtype in _SCALAR_DTYPES:
-        return Node("scalar", (), (), (), x.dtype, x.numpy().item())
+        return Node("scalar", (), (), (), x.dtype, _scalar_value(x))
     return Node("data", (), (), tuple(shape), x.dtype, x)
+
+
+# id -> (host tensor, its value): a step passes the same few host scalars again and again (the
+# tensors TensorFlow converted a Python number to), and reading one costs microseconds.  The
+# tensor is kept, so its id names it while it is here; tensors never change value.
+_scalar_values: dict = {}
+
+
+def _scalar_value(x: tf.Tensor) -> Any:
+    known = _scalar_values.get(id(x))
+    if known is None:
+        if len(_scalar_values) >= 1000:
+            _scalar_values.clear()
+        known = _scalar_values[id(x)] = (x, x.numpy().item())
+    return known[1]
 
 
 _t_attrs_cache: dict = {}
