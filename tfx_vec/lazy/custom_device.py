@@ -51,7 +51,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
-from tensorflow.python.framework import errors_impl, ops
+from tensorflow.python.framework import dtypes, errors_impl, ops
 from tensorflow.python.ops import handle_data_util
 
 from . import calls, ir, metrics, raw, runtime, tape_capture, units
@@ -360,20 +360,25 @@ def _spec(t: LazyTensor) -> tuple:
 
 _SCALAR_DTYPES = frozenset({tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32,
                             tf.bool})
+_SCALAR_ENUMS = frozenset({d.as_datatype_enum for d in _SCALAR_DTYPES})
+_DTYPES = dtypes._INTERN_TABLE   # what a tensor's .dtype looks its enum up in
 
 
-def _node_of(x: Any) -> Node:
+def _node_of(x: Any, sig: tuple | None = None) -> Node:
     """The IR node of an op input: a lazy tensor's node, or a leaf for a host tensor (a rank-0
     host value becomes a ``scalar`` parameter: all of a program's scalars travel in one
-    vector, instead of one argument each)."""
+    vector, instead of one argument each); ``sig``: the host tensor's, when known."""
     if type(x) is LazyTensor:
         return x._node
     if type(x) is DeviceVariable:
         raise LazyError(f"the resource handle of variable {x.name!r} used as a value")
-    shape = x._shape_tuple()
-    if not shape and x.dtype in _SCALAR_DTYPES:
-        return Node("scalar", (), (), (), x.dtype, _scalar_value(x))
-    return Node("data", (), (), tuple(shape), x.dtype, x)
+    if sig is None:
+        sig = (tuple(x._shape_tuple()), x._datatype_enum())
+    shape, enum = sig
+    dtype = _DTYPES[enum]
+    if not shape and enum in _SCALAR_ENUMS:
+        return Node("scalar", (), (), (), dtype, _scalar_value(x), None, sig)
+    return Node("data", (), (), shape, dtype, x, None, sig)
 
 
 # id -> (host tensor, its value): a step passes the same few host scalars again and again (the
@@ -537,7 +542,8 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
         recipe = _recipes.get(tuple(sig))
         if recipe is not None and recipe.direct:
             if host:  # a host tensor's leaf is made once the op is known to be recorded
-                nodes = [_node_of(x) if type(x) is not Node else x for x in nodes]
+                nodes = [x if type(x) is Node else _node_of(x, s)
+                         for x, s in zip(nodes, sig[2:])]
             return recipe.specs(tuple(nodes))
     op = raw.describe(op_type, attrs, len(inputs))
     if op.kind != "record":
