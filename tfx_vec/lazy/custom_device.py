@@ -51,7 +51,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
-from tensorflow.python.framework import errors_impl, ops
+from tensorflow.python.framework import dtypes, errors_impl, ops
 from tensorflow.python.ops import handle_data_util
 
 from . import calls, ir, metrics, raw, runtime, tape_capture, units
@@ -360,20 +360,40 @@ def _spec(t: LazyTensor) -> tuple:
 
 _SCALAR_DTYPES = frozenset({tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32,
                             tf.bool})
+_SCALAR_ENUMS = frozenset({d.as_datatype_enum for d in _SCALAR_DTYPES})
+_DTYPES = dtypes._INTERN_TABLE   # what a tensor's .dtype looks its enum up in
 
 
-def _node_of(x: Any) -> Node:
+def _node_of(x: Any, sig: tuple | None = None) -> Node:
     """The IR node of an op input: a lazy tensor's node, or a leaf for a host tensor (a rank-0
     host value becomes a ``scalar`` parameter: all of a program's scalars travel in one
-    vector, instead of one argument each)."""
+    vector, instead of one argument each); ``sig``: the host tensor's, when known."""
     if type(x) is LazyTensor:
         return x._node
     if type(x) is DeviceVariable:
         raise LazyError(f"the resource handle of variable {x.name!r} used as a value")
-    shape = x._shape_tuple()
-    if not shape and x.dtype in _SCALAR_DTYPES:
-        return Node("scalar", (), (), (), x.dtype, x.numpy().item())
-    return Node("data", (), (), tuple(shape), x.dtype, x)
+    if sig is None:
+        sig = (tuple(x._shape_tuple()), x._datatype_enum())
+    shape, enum = sig
+    dtype = _DTYPES[enum]
+    if not shape and enum in _SCALAR_ENUMS:
+        return Node("scalar", (), (), (), dtype, _scalar_value(x), None, sig)
+    return Node("data", (), (), shape, dtype, x, None, sig)
+
+
+# id -> (host tensor, its value): a step passes the same few host scalars again and again (the
+# tensors TensorFlow converted a Python number to), and reading one costs microseconds.  The
+# tensor is kept, so its id names it while it is here; tensors never change value.
+_scalar_values: dict = {}
+
+
+def _scalar_value(x: tf.Tensor) -> Any:
+    known = _scalar_values.get(id(x))
+    if known is None:
+        if len(_scalar_values) >= 1000:
+            _scalar_values.clear()
+        known = _scalar_values[id(x)] = (x, x.numpy().item())
+    return known[1]
 
 
 _t_attrs_cache: dict = {}
@@ -386,14 +406,51 @@ def _t_attrs(dtype: tf.DType) -> bytes:
     return b
 
 
+class _Recipe:
+    """What recording an op makes for inputs of given signatures: its node attrs and output
+    signatures, found once (``raw.describe``, ``raw.infer``) and kept per ``(op type, attrs,
+    input signatures)``.  ``direct``: :func:`_execute` may use it before describing the op (a
+    recorded op with no compile-time constant inputs, never folded)."""
+
+    __slots__ = ("attrs", "flat", "single", "direct")
+
+    def __init__(self, op: raw.RawOp, spec: Any):
+        self.attrs = (op.type, op.attrs)
+        self.flat = tuple([(shape, dtype, (shape, dtype.as_datatype_enum))
+                           for shape, dtype in spec.flat])
+        self.single = self.flat[0] if len(self.flat) == 1 else None
+        self.direct = op.kind == "record" and not op.constant and not op.foldable and \
+            op.type not in _SPECIAL
+
+    def nodes(self, inputs: tuple) -> list:
+        """The op's output nodes on ``inputs`` (nodes), recorded."""
+        metrics._counters["ops_recorded"] += 1
+        if self.single is not None:
+            shape, dtype, sig = self.single
+            return [Node("raw", inputs, self.attrs, shape, dtype, None, None, sig)]
+        return Node.outputs(Node("raw", inputs, self.attrs, None, None), self.flat)
+
+    def specs(self, inputs: tuple) -> list:
+        """The device's output specs (new lazy tensors) of the op on ``inputs``, recorded."""
+        if self.single is None:
+            return [(LazyTensor._recorded(n), n.sig[1], n.shape) for n in self.nodes(inputs)]
+        metrics._counters["ops_recorded"] += 1
+        shape, dtype, sig = self.single
+        return [(LazyTensor._recorded(Node("raw", inputs, self.attrs, shape, dtype, None, None,
+                                           sig)), sig[1], shape)]
+
+
+_recipes: dict = {}
+
+
 def _record(op: raw.RawOp, nodes: list) -> list:
     """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
     sig = [op.type, op.attrs]
     for n in nodes:
         sig.append(n.sig if n.op != "const" else n.attrs)
     sig = tuple(sig)
-    spec = raw._specs.get(sig)
-    if spec is None:
+    recipe = _recipes.get(sig)
+    if recipe is None:
         try:
             spec = raw.infer(op, nodes, sig)
         except Unrecordable:
@@ -401,13 +458,10 @@ def _record(op: raw.RawOp, nodes: list) -> list:
         except (ValueError, TypeError, tf.errors.OpError) as err:
             raise LazyShapeError(f"{op.type}: {str(err).splitlines()[0]} (recorded at "
                                  f"{runtime.user_frame()})") from err
-    metrics._counters["ops_recorded"] += 1
-    inputs = tuple(nodes)
-    if len(spec.flat) == 1:
-        shape, dtype = spec.flat[0]
-        return [Node("raw", inputs, (op.type, op.attrs), shape, dtype)]
-    base = Node("raw", inputs, (op.type, op.attrs), None, None)
-    return [Node("out", (base,), (i,), s, d) for i, (s, d) in enumerate(spec.flat)]
+        if len(_recipes) >= raw.SPECS_MAX:
+            _recipes.clear()
+        recipe = _recipes[sig] = _Recipe(op, spec)
+    return recipe.nodes(tuple(nodes))
 
 
 def _small_known(n: Node) -> bool:
@@ -446,6 +500,7 @@ def _freeze_array(arr: np.ndarray) -> Any:
 
 
 _owner: list = [None]   # the thread that uses the device (the runtime's state is global)
+_get_ident = threading.get_ident
 
 
 def _check_thread() -> None:
@@ -462,11 +517,34 @@ def _check_thread() -> None:
 def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     """The device's execute callback: record the op (or run it on the host) and return output
     specs (see ``custom_device.cc``)."""
-    if threading.get_ident() != _owner[0]:
+    if _get_ident() != _owner[0]:
         _check_thread()
     special = _SPECIAL.get(op_type)
     if special is not None:
         return special(op_type, attrs, inputs, cap)
+    # The path of an op recorded before on inputs of the same signatures: its recipe, keyed
+    # as _record keys it (a host tensor's signature is its data or scalar leaf's).
+    sig = [op_type, attrs]
+    nodes = []
+    host = False
+    for x in inputs:
+        if type(x) is LazyTensor:
+            n = x._node
+            sig.append(n.sig if n.op != "const" else n.attrs)
+            nodes.append(n)
+        elif type(x) is DeviceVariable:
+            break
+        else:
+            sig.append((x._shape_tuple(), x._datatype_enum()))
+            nodes.append(x)
+            host = True
+    else:
+        recipe = _recipes.get(tuple(sig))
+        if recipe is not None and recipe.direct:
+            if host:  # a host tensor's leaf is made once the op is known to be recorded
+                nodes = [x if type(x) is Node else _node_of(x, s)
+                         for x, s in zip(nodes, sig[2:])]
+            return recipe.specs(tuple(nodes))
     op = raw.describe(op_type, attrs, len(inputs))
     if op.kind != "record":
         return _run_on_host(op, inputs, cap, op.kind, op.reason)

@@ -51,15 +51,17 @@ class Node:
                  "__weakref__")
 
     def __init__(self, op: str, inputs: tuple, attrs: tuple, shape: tuple | None,
-                 dtype: tf.DType | None, value: Any = None, serial: int | None = None):
+                 dtype: tf.DType | None, value: Any = None, serial: int | None = None,
+                 sig: tuple | None = None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
         self.shape = shape
         self.dtype = dtype
         self.value = value
-        # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code)
-        self.sig = None if dtype is None else (shape, dtype.as_datatype_enum)
+        # (shape, dtype enum): what keys compare on (tf.DType.__eq__ is slow Python code); a
+        # caller that knows it (the recorder, per op) passes it
+        self.sig = sig if sig is not None or dtype is None else (shape, dtype.as_datatype_enum)
         self.serial = next(serials) if serial is None else serial
         if op in LEAF_OPS:
             self.pos = -1

@@ -143,7 +143,7 @@ def describe(op_type: str, attrs: bytes, n_inputs: int) -> RawOp:
 # {{{ shape inference: the op on placeholders (constants where the value is known) in a graph
 
 _specs: dict = {}
-_SPECS_MAX = 50000
+SPECS_MAX = 50000   # signatures whose output specs are kept (then the cache starts over)
 
 
 def infer(op: RawOp, inputs: Sequence[Any], sig: tuple) -> Spec:
@@ -162,7 +162,7 @@ def infer(op: RawOp, inputs: Sequence[Any], sig: tuple) -> Spec:
             raise Unrecordable(f"{op.type} has a value-dependent output shape {t.shape}")
         flat.append((tuple(t.shape.as_list()), t.dtype))
     spec = Spec(tuple(flat), None if len(flat) == 1 else list(range(len(flat))))
-    if len(_specs) >= _SPECS_MAX:
+    if len(_specs) >= SPECS_MAX:
         _specs.clear()
     _specs[sig] = spec
     return spec
