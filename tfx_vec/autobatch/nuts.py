@@ -256,29 +256,43 @@ def _leading(x: tf.Tensor) -> Any:
 # regression.
 CHEAP_GRADIENT_FLOPS_PER_DIM = 100
 
-_CONTRACTIONS = {"MatMul": ("transpose_a", -2, -1), "BatchMatMul": ("adj_x", -2, -1),
-                 "BatchMatMulV2": ("adj_x", -2, -1), "BatchMatMulV3": ("adj_x", -2, -1)}
+_MATMULS = {"MatMul": "transpose_a", "BatchMatMul": "adj_x", "BatchMatMulV2": "adj_x",
+            "BatchMatMulV3": "adj_x"}
+# ops whose cost is not their inputs' or outputs' size and that _op_flops does not count
+_UNCOUNTED = ("Conv", "Matrix", "Cholesky", "Svd", "Qr", "Eig", "Lu", "FFT", "IFFT", "RFFT")
+
+
+def _op_flops(op: tf.Operation) -> int | None:
+    """``2 m n k`` for a matrix product or an einsum (twice the product of its index sizes),
+    the largest input or output for other ops (elementwise ops, reductions); ``None`` where
+    unknown: an unknown shape, a function (a loop, a call) or an op of ``_UNCOUNTED``."""
+    if any(a in op.node_def.attr for a in ("body", "then_branch", "branches", "f")) or \
+            op.type.startswith(_UNCOUNTED):
+        return None
+    shapes = [t.shape for t in (*op.inputs, *op.outputs)]
+    if any(s.num_elements() is None for s in shapes):
+        return None
+    if op.type in _MATMULS:
+        a = op.inputs[0].shape
+        return 2 * op.outputs[0].shape.num_elements() * (
+            a[-2] if op.get_attr(_MATMULS[op.type]) else a[-1])
+    if op.type == "Einsum":
+        terms = op.get_attr("equation").decode().split("->")[0].split(",")
+        if "." in "".join(terms):
+            return None
+        sizes = {c: d for term, x in zip(terms, op.inputs) for c, d in zip(term, x.shape)}
+        return 2 * int(np.prod(list(sizes.values()), dtype=np.int64))
+    return max((s.num_elements() for s in shapes), default=0)
 
 
 def _graph_flops(graph: tf.Graph) -> int | None:
-    """A rough operation count of ``graph``: ``2 m n k`` per matrix product, the largest
-    input or output of every other op (elementwise ops and reductions); ``None`` when a shape
-    is unknown or an op runs a function (a loop, a call), whose cost the graph does not
-    show."""
+    """A rough operation count of ``graph`` (see :func:`_op_flops`), ``None`` if unknown."""
     total = 0
     for op in graph.get_operations():
-        if any(a in op.node_def.attr for a in ("body", "then_branch", "branches", "f")):
+        flops = _op_flops(op)
+        if flops is None:
             return None
-        sizes = [t.shape.num_elements() for t in (*op.inputs, *op.outputs)]
-        if any(n is None for n in sizes):
-            return None
-        if op.type in _CONTRACTIONS:
-            transposed, row, col = _CONTRACTIONS[op.type]
-            a = op.inputs[0].shape
-            total += 2 * op.outputs[0].shape.num_elements() * (
-                a[row] if op.get_attr(transposed) else a[col])
-        else:
-            total += max(sizes, default=0)
+        total += flops
     return total
 
 
