@@ -69,10 +69,12 @@ def reference():
     return _run_steps("python", num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
 
 
-@pytest.mark.parametrize("runtime", ["xla", "xla:sweep_guarded", "local_static", "hybrid"])
+@pytest.mark.parametrize("runtime", ["xla", "xla:earliest", "xla:sweep_guarded", "local_static",
+                                     "hybrid"])
 def test_runtime_matches_per_chain_reference(reference, runtime):
     """Every batched runtime gives each chain what running it alone gives: the program
-    counter under XLA (two schedulers), local static, and local static with XLA blocks."""
+    counter under XLA (the default scheduler, most_active for this cheap target, and two
+    others), local static, and local static with XLA blocks."""
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
 
@@ -236,10 +238,43 @@ def test_kernel_protocol():
     assert kernel.copy(max_tree_depth=4)._programs is not kernel._programs
 
 
+def test_scheduler_follows_the_gradients_cost():
+    """By default the program counter runs the block most chains wait at where the gradient is
+    cheap (fewer loop steps) and the earliest one elsewhere (the gradient for all chains at
+    once); run_ahead and an unknown cost keep earliest, a scheduler given is kept."""
+    rng = np.random.default_rng(3)
+    chains, small, large = 6, 4, 64
+    cheap_prec = tf.constant(rng.normal(size=(small, small)).astype(np.float32))
+    dense_prec = tf.constant(rng.normal(size=(large, large)).astype(np.float32))
+
+    def quadratic(prec):
+        return lambda x: -0.5 * tf.reduce_sum(x * tf.matmul(x, prec), -1)
+
+    def looped(x):  # a cost the graph does not show
+        return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
+                             (0, -tf.reduce_sum(x * x, -1)))[1]
+
+    def chosen(target, dim, **kw):
+        x = tf.constant(rng.normal(size=(chains, dim)).astype(np.float32))
+        return NoUTurnSampler(target, 0.1, **kw)._scheduler(nuts._StateSpec([x], 1))
+
+    assert chosen(quadratic(cheap_prec), small) == "most_active"
+    assert chosen(quadratic(dense_prec), large) == "earliest"
+    assert chosen(quadratic(cheap_prec), small, run_ahead=True) == "earliest"
+    assert chosen(looped, small) == "earliest"
+    assert chosen(quadratic(dense_prec), large, scheduler="sweep") == "sweep"
+    # the count behind it: 2 m n k per matrix product, on a random-sized one
+    m, k, n = rng.integers(2, 9, size=3)
+    graph = tf.function(tf.matmul).get_concrete_function(
+        tf.TensorSpec([m, k]), tf.TensorSpec([k, n])).graph
+    # plus the size of each input placeholder and of the output's identity
+    assert nuts._graph_flops(graph) == 2 * m * n * k + m * k + k * n + m * n
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: NoUTurnSampler(lambda x: x, 0.1, max_tree_depth=0), "max_tree_depth"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, runtime="gpu"), "runtime must be one of"),
-    (lambda: NoUTurnSampler(lambda x: x, 0.1, scheduler="fifo"), "scheduler must be one of"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, scheduler="fifo"), "scheduler must be None or one of"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_leapfrog_steps=0), "unrolled"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, num_trajectories_per_step=0), "num_trajectories"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, run_ahead=True, runtime="local_static"),

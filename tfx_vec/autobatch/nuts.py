@@ -248,6 +248,65 @@ def _leading(x: tf.Tensor) -> Any:
     n = tf.compat.dimension_value(x.shape[0])
     return n if n is not None else tf.shape(x)[0]
 
+
+# Below this many floating-point operations per chain and state dimension, one value-and-
+# gradient costs less than the control around it: the tree-building blocks of one leaf pass
+# over a few hundred [D] vectors.  The benchmark targets fall far on either side: 18-33 per
+# dimension for a 10-d Gaussian and eight schools, 410-4400 for dense Gaussians and a logistic
+# regression.
+CHEAP_GRADIENT_FLOPS_PER_DIM = 100
+
+_MATMULS = {"MatMul": "transpose_a", "BatchMatMul": "adj_x", "BatchMatMulV2": "adj_x",
+            "BatchMatMulV3": "adj_x"}
+# ops whose cost is not their inputs' or outputs' size and that _op_flops does not count
+_UNCOUNTED = ("Conv", "Matrix", "Cholesky", "Svd", "Qr", "Eig", "Lu", "FFT", "IFFT", "RFFT")
+
+
+def _op_flops(op: tf.Operation) -> int | None:
+    """``2 m n k`` for a matrix product or an einsum (twice the product of its index sizes),
+    the largest input or output for other ops (elementwise ops, reductions); ``None`` where
+    unknown: an unknown shape, a function (a loop, a call) or an op of ``_UNCOUNTED``."""
+    if any(a in op.node_def.attr for a in ("body", "then_branch", "branches", "f")) or \
+            op.type.startswith(_UNCOUNTED):
+        return None
+    shapes = [t.shape for t in (*op.inputs, *op.outputs)]
+    if any(s.num_elements() is None for s in shapes):
+        return None
+    if op.type in _MATMULS:
+        a = op.inputs[0].shape
+        return 2 * op.outputs[0].shape.num_elements() * (
+            a[-2] if op.get_attr(_MATMULS[op.type]) else a[-1])
+    if op.type == "Einsum":
+        terms = op.get_attr("equation").decode().split("->")[0].split(",")
+        if "." in "".join(terms):
+            return None
+        sizes = {c: d for term, x in zip(terms, op.inputs) for c, d in zip(term, x.shape)}
+        return 2 * int(np.prod(list(sizes.values()), dtype=np.int64))
+    return max((s.num_elements() for s in shapes), default=0)
+
+
+def _graph_flops(graph: tf.Graph) -> int | None:
+    """A rough operation count of ``graph`` (see :func:`_op_flops`), ``None`` if unknown."""
+    total = 0
+    for op in graph.get_operations():
+        flops = _op_flops(op)
+        if flops is None:
+            return None
+        total += flops
+    return total
+
+
+def _cheap_gradient(vg: Callable, chains: Any, dim: int, dtype: tf.DType) -> bool:
+    """Does one value-and-gradient (traced, not run) cost under
+    ``CHEAP_GRADIENT_FLOPS_PER_DIM`` operations per chain and dimension?  Unknown costs (a
+    dynamic batch, loops in the target) count as expensive."""
+    if not isinstance(chains, int):
+        return False
+    graph = tf.function(vg, autograph=False).get_concrete_function(
+        tf.TensorSpec([chains, dim], dtype)).graph
+    flops = _graph_flops(graph)
+    return flops is not None and flops < CHEAP_GRADIENT_FLOPS_PER_DIM * chains * dim
+
 # }}}
 
 # {{{ straight-line pieces (primitives of the batched program)
@@ -741,10 +800,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         no longer has the ceiling of synchronizing every ``num_trajectories_per_step``
         trajectories (Figure 7).
       scheduler: block selection of the program-counter runtime: ``"earliest"`` (the paper's;
-        members gather at the gradient, the last block) or ``"sweep_guarded"`` (every block
-        once per loop step, skipped when no member waits: fewer loop steps, but the gradient
-        runs for fewer members at a time; which is faster depends on the gradient's cost),
-        ``"most_active"``, ``"sweep"``.
+        members gather at the gradient, the last block), ``"most_active"`` (the block most
+        members wait at: fewer loop steps, but the gradient runs for fewer members at a time)
+        or ``"sweep_guarded"`` (every block once per loop step, skipped when no member waits),
+        ``"sweep"``.  Default (``None``): ``"most_active"`` where the gradient is cheap (under
+        ``CHEAP_GRADIENT_FLOPS_PER_DIM`` operations per chain and state dimension, counted in
+        its graph) and ``run_ahead`` is off, else ``"earliest"``.  The draws are the same
+        under every scheduler.
 
     Example:
         >>> import tensorflow as tf
@@ -759,7 +821,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                  parallel_iterations: int = 10, experimental_shard_axis_names: Any = None,
                  name: str | None = None, *, num_trajectories_per_step: int = 1,
                  runtime: str = "program_counter", seed: Any = None,
-                 scheduler: str = "earliest", run_ahead: bool = False,
+                 scheduler: str | None = None, run_ahead: bool = False,
                  momentum_distribution: Any = None):
         max_tree_depth = tf.get_static_value(max_tree_depth)
         if max_tree_depth is None or int(max_tree_depth) < 1:
@@ -780,9 +842,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             raise ValueError("NoUTurnSampler: run_ahead pauses and resumes the program-counter "
                              f"machine; it needs runtime=\"program_counter\", got {runtime!r}")
         from tfx_vec.autobatch.program_counter import SCHEDULERS
-        if scheduler not in SCHEDULERS:
-            raise ValueError(f"NoUTurnSampler: scheduler must be one of {sorted(SCHEDULERS)}, "
-                             f"got {scheduler!r}")
+        if scheduler is not None and scheduler not in SCHEDULERS:
+            raise ValueError(f"NoUTurnSampler: scheduler must be None or one of "
+                             f"{sorted(SCHEDULERS)}, got {scheduler!r}")
         self._parameters = dict(
             target_log_prob_fn=target_log_prob_fn, step_size=step_size,
             max_tree_depth=int(max_tree_depth), max_energy_diff=float(max_energy_diff),
@@ -968,7 +1030,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         it with."""
         program = self._program(spec, batched=True)
         return program, dict(program.options, runtime="program_counter",
-                             scheduler=self.scheduler)
+                             scheduler=self._scheduler(spec))
 
     def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
         """A kernel with some parameters replaced.  Changing only ``step_size``,
@@ -1030,10 +1092,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def _program(self, spec: _StateSpec, batched: bool) -> Callable:
         key = (spec.key, batched)
         if key not in self._programs:
-            vg = functools.partial(spec.value_and_grad, self.target_log_prob_fn)
-            if self._momentum is not None:
-                self._momentum.check(spec)
-                vg = self._momentum.target(vg)
+            vg = self._value_and_grad(spec)
             if batched:
                 from tfx_vec import autobatch as ab
                 # NUTS always terminates; max_steps only guards the runtime's loop.
@@ -1044,6 +1103,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             self._programs[key] = _make_program(vg, self.max_tree_depth, self.max_energy_diff,
                                                 self.unrolled_leapfrog_steps, wrap)
         return self._programs[key]
+
+    def _value_and_grad(self, spec: _StateSpec) -> Callable:
+        """The flat state's log-density and gradient, in the program's coordinates."""
+        vg = functools.partial(spec.value_and_grad, self.target_log_prob_fn)
+        if self._momentum is None:
+            return vg
+        self._momentum.check(spec)
+        return self._momentum.target(vg)
 
     @tf.autograph.experimental.do_not_convert
     def _run(self, spec: _StateSpec, args: tuple) -> tuple:
@@ -1057,7 +1124,21 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         program = self._program(spec, batched=True)
         if self.runtime == "hybrid":
             return tuple(program(*args, runtime="local_static", xla_blocks=True))
-        return tuple(program(*args, runtime=self.runtime, scheduler=self.scheduler))
+        return tuple(program(*args, runtime=self.runtime, scheduler=self._scheduler(spec)))
+
+    def _scheduler(self, spec: _StateSpec) -> str:
+        """The program counter's block selection (see ``scheduler`` in the class docstring):
+        the one given, else chosen from the gradient's cost, once per state structure."""
+        if self.scheduler is not None:
+            return self.scheduler
+        if self.run_ahead:
+            return "earliest"
+        key = ("scheduler", spec.key, spec.chains if isinstance(spec.chains, int) else None)
+        if key not in self._programs:
+            cheap = _cheap_gradient(self._value_and_grad(spec), spec.chains, spec.dim,
+                                    spec.dtype)
+            self._programs[key] = "most_active" if cheap else "earliest"
+        return self._programs[key]
 
 
 def _ones_over_events(shape: tf.TensorShape, events: int) -> bool:
