@@ -545,3 +545,17 @@ def test_strategies_are_a_clear_error():
         with pytest.raises(Exception, match="tf.distribute strategy"):
             strategy.run(lambda: x * 2.0)
 # }}}
+
+
+def test_a_constant_input_and_a_tensor_input_never_share_a_recipe():
+    """A baked constant is keyed by its value and a tensor by (shape, dtype enum); a DType
+    equals its enum, so the constant [2] and a [2]-shaped int32 tensor must still differ."""
+    from tfx_vec.lazy import custom_device, raw
+    from tfx_vec.lazy.ir import Node
+    from tfx_vec.lazy.tensor import _const
+    rng = np.random.default_rng(7)
+    x = Node("data", (), (), (3, 1), tf.int32, tf.constant(rng.integers(0, 9, (3, 1)), tf.int32))
+    y = Node("data", (), (), (2,), tf.int32, tf.constant(rng.integers(0, 9, (2,)), tf.int32))
+    add = raw.describe("AddV2", raw.attrs_bytes({"T": tf.int32}), 2)
+    assert custom_device._record(add, [_const((2,), tf.int32), x])[0].shape == (3, 1)
+    assert custom_device._record(add, [y, x])[0].shape == (3, 2)

@@ -445,9 +445,11 @@ _recipes: dict = {}
 
 def _record(op: raw.RawOp, nodes: list) -> list:
     """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
+    # A constant is keyed by its value, tagged: (value, tf.int32) would equal and hash as a
+    # (shape, dtype enum) signature, since a DType compares equal to its enum.
     sig = [op.type, op.attrs]
     for n in nodes:
-        sig.append(n.sig if n.op != "const" else n.attrs)
+        sig.append(n.sig if n.op != "const" else ("const", n.attrs))
     sig = tuple(sig)
     recipe = _recipes.get(sig)
     if recipe is None:
@@ -530,7 +532,7 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     for x in inputs:
         if type(x) is LazyTensor:
             n = x._node
-            sig.append(n.sig if n.op != "const" else n.attrs)
+            sig.append(n.sig if n.op != "const" else ("const", n.attrs))
             nodes.append(n)
         elif type(x) is DeviceVariable:
             break
