@@ -165,3 +165,68 @@ def test_a_gradient_through_a_unit_run_op_by_op_is_the_units_own():
             lazy.mark_step()
         with pytest.raises(LazyGradientError, match="record_calls=False"):
             tape.gradient(loss, model.trainable_variables)
+
+
+def _mutations():
+    """(name, change) pairs: each ``change(layer)`` alters the Python state of a layer whose
+    ``scales`` list, ``table`` dict and ``tag`` set are attributes (one level in)."""
+    def set_attr(name, value):
+        return lambda layer: setattr(layer, name, value)
+
+    def swap_class(layer):
+        layer.__class__ = type("Other", (type(layer),), {})
+
+    def move_item(layer):        # same total of items: only the sizes tell the lists apart
+        layer.tags.append(layer.scales.pop())
+
+    def policy(layer):
+        keras.config.set_dtype_policy("float64")
+
+    return [
+        ("a float replaced by an equal float", set_attr("rate", float(str(RNG.uniform())))),
+        ("a new attribute", set_attr("extra", 1)),
+        ("an attribute removed", lambda layer: delattr(layer, "rate")),
+        ("a flag", set_attr("flag", True)),
+        ("an attribute of the inner layer", lambda layer: setattr(layer.inner, "units", 7)),
+        ("a list item", lambda layer: layer.scales.__setitem__(0, RNG.uniform())),
+        ("a list appended to", lambda layer: layer.scales.append(RNG.uniform())),
+        ("an item moved between lists", move_item),
+        ("a dict value", lambda layer: layer.table.__setitem__("a", RNG.uniform())),
+        ("a dict key", lambda layer: layer.table.__setitem__("b", 1.0)),
+        ("a tracked dict value", lambda layer: layer.tracked.__setitem__("k", RNG.uniform())),
+        ("a set item", lambda layer: layer.tag.add("new")),
+        ("the class", swap_class),
+        ("Keras' dtype policy", policy),
+    ]
+
+
+@pytest.mark.parametrize("name,change", _mutations(), ids=[n for n, _ in _mutations()])
+def test_a_snapshot_sees_every_change_of_python_state(name, change):
+    """The cached state check (flat identity comparisons) sees each kind of change the
+    per-call check guards against, and nothing else."""
+    from tfx_vec.lazy.units import Snapshot, _layers
+
+    class Scaled(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.inner = keras.layers.Dense(3)
+            self.rate, self.flag = float(RNG.uniform()), False
+            self.scales, self.tags = [float(RNG.uniform()), float(RNG.uniform())], []
+            self.table, self.tag = {"a": float(RNG.uniform())}, {"x"}
+            self.tracked = {"k": 1.0}   # Keras tracks it: a mapping that is not a plain dict
+
+        def call(self, x):
+            return self.inner(x) * self.rate
+
+    layer = Scaled()
+    layer(X)
+    snapshot = Snapshot(_layers(layer))
+    assert snapshot.same()
+    layer(X)
+    assert snapshot.same()                     # a call that changes nothing
+    policy = keras.config.dtype_policy()
+    try:
+        change(layer)
+        assert not snapshot.same(), name
+    finally:
+        keras.config.set_dtype_policy(policy)

@@ -80,6 +80,8 @@ _units: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # owner -> {
 _MAX_KEYS = 16             # signatures remembered per object
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
 _GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather", "GatherNd", "ResourceGatherNd"})
+_chain = itertools.chain.from_iterable
+_values = operator.methodcaller("values")   # also of mapping wrappers (not dict.values)
 _tokens = itertools.count(1 << 40)   # call tokens of their own (calls.py counts from 0)
 
 
@@ -196,40 +198,49 @@ class Snapshot:
     identity and kept alive, so an identity is never reused), one level into the lists,
     tuples, sets and dicts among them, and Keras' global dtype policy.  Any attribute set,
     added or removed, a container changed, a float or string replaced even by an equal one,
-    makes :meth:`same` false."""
+    makes :meth:`same` false.
 
-    __slots__ = ("objects", "containers", "items", "sizes")
+    :meth:`same` runs once per recorded call, so it makes no Python loop over the layers: it
+    compares the objects' types, their ``__dict__`` sizes, keys and values, then (those being
+    the same objects) the containers' sizes and contents, each as one flat identity comparison
+    made in C.  Sizes are compared before contents, so flattened sequences line up."""
+
+    __slots__ = ("objects", "policy", "types", "sizes", "keys", "values", "containers",
+                 "container_sizes", "contents", "mappings", "mapping_values")
 
     def __init__(self, objects: list):
         self.objects = objects
-        self.containers = [tuple((k, type(v)) for k, v in o.__dict__.items()
-                                 if isinstance(v, (list, tuple, set, dict))) for o in objects]
-        self.items, self.sizes = self._flat()
-
-    def _flat(self) -> tuple:
-        from keras.src.backend.common import global_state
-        items = [global_state.get_global_attribute("dtype_policy")]
-        sizes = []
-        for o, containers in zip(self.objects, self.containers):
-            d = o.__dict__
-            sizes.append(len(d))
-            items.append(type(o))
-            items.extend(d)
-            items.extend(d.values())
-            for k, t in containers:
-                v = d.get(k)
-                if type(v) is t:   # another type: its identity differs already
-                    sizes.append(len(v))
-                    items.extend(v)
-                    if isinstance(v, dict):
-                        items.extend(v.values())
-        return items, sizes
+        self.policy = _dtype_policy()
+        self.types = list(map(type, objects))
+        dicts = list(map(vars, objects))
+        self.sizes = list(map(len, dicts))
+        self.keys = list(_chain(dicts))
+        self.values = list(_chain(map(dict.values, dicts)))
+        self.containers = [v for v in self.values if isinstance(v, (list, tuple, set, dict))]
+        self.container_sizes = list(map(len, self.containers))
+        self.contents = list(_chain(self.containers))
+        self.mappings = [v for v in self.containers if isinstance(v, dict)]
+        self.mapping_values = list(_chain(map(_values, self.mappings)))
 
     def same(self) -> bool:
         """Whether the state is what it was when the snapshot was taken."""
-        items, sizes = self._flat()
-        return sizes == self.sizes and len(items) == len(self.items) and \
-            all(map(operator.is_, items, self.items))
+        is_ = operator.is_
+        if _dtype_policy() is not self.policy or \
+                not all(map(is_, map(type, self.objects), self.types)):
+            return False
+        dicts = list(map(vars, self.objects))
+        # the same keys and values: the containers are the same objects as when taken
+        return list(map(len, dicts)) == self.sizes and \
+            all(map(is_, _chain(dicts), self.keys)) and \
+            all(map(is_, _chain(map(dict.values, dicts)), self.values)) and \
+            list(map(len, self.containers)) == self.container_sizes and \
+            all(map(is_, _chain(self.containers), self.contents)) and \
+            all(map(is_, _chain(map(_values, self.mappings)), self.mapping_values))
+
+
+def _dtype_policy() -> Any:
+    from keras.src.backend.common import global_state
+    return global_state.get_global_attribute("dtype_policy")
 
 
 # }}}
