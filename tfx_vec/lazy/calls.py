@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from . import custom_device as _device   # (it imports this module: names read at call time)
 from . import metrics, runtime, tape_capture
 from .ir import Node
 from .tensor import LazyTensor
@@ -86,8 +87,7 @@ def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> list:
     assigned = [states[i] for i in spec.assigned]
     # An ``out`` node of a variable has the variable's shape and dtype: no check to make.
     news = Node.outputs(base, [(s.shape, s.dtype, s._read.sig) for s in assigned], len(outs))
-    from .custom_device import assign_all
-    assign_all(assigned, news)
+    _device.assign_all(assigned, news)
     metrics.bump("calls_recorded")
     return outs
 
@@ -132,7 +132,7 @@ def _state_of(v: Any) -> Any:
 
 def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
     """(gradient nodes, variable states, tf.Variables, Keras variables) or a reason string."""
-    from .custom_device import payload_of
+    payload_of = _device.payload_of
     if not runtime.CONFIG.record_calls:
         return "lazy.configure(record_calls=False)"
     if not getattr(optimizer, "built", False) or trainable_variables is None:
@@ -164,8 +164,7 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
 
 def _apply(original: Callable) -> Callable:
     def apply(self, grads, trainable_variables=None):
-        from .custom_device import _registered
-        if not _registered[0]:
+        if not _device._registered[0]:
             return original(self, grads, trainable_variables)
         plan = _plan_apply(self, grads, trainable_variables)
         if isinstance(plan, str):
@@ -173,7 +172,7 @@ def _apply(original: Callable) -> Callable:
                 metrics.bump(f"call_eager::{plan}")
             return original(self, grads, trainable_variables)
         nodes, states, tf_vars, kvars = plan
-        key = tuple(id(s) for s in states)
+        key = tuple(map(id, states))
         cache = self.__dict__.setdefault("_tfx_vec_lazy_calls", {})
         hit = cache.get(key)
         if hit is None:

@@ -54,7 +54,8 @@ from tensorflow.python.eager import tape as _tape_module
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import resource_variable_ops as _rv
 
-from . import ir, metrics, runtime
+from . import custom_device as _device   # (both import this module: names read at call time)
+from . import ir, metrics, runtime, units
 from .ir import LEAF_OPS, Node
 from .tape import _ancestors
 from .tensor import LazyTensor
@@ -97,7 +98,6 @@ def taint_live(reason: str) -> None:
 # {{{ the hooks
 
 def _push_new_tape(persistent: bool = False, watch_accessed_variables: bool = True) -> Any:
-    from . import units
     units.taint("a gradient tape")
     t = _original["push_new_tape"](persistent, watch_accessed_variables)
     state = _states[id(t)] = TapeState()
@@ -136,7 +136,6 @@ def _watch(t: Any, tensor: Any) -> None:
 
 
 def _record_operation(*args: Any, **kwargs: Any) -> Any:
-    from . import units
     units.taint("a custom gradient or tf.function call")
     if _recording:
         taint_recording("a custom gradient or tf.function call")
@@ -144,7 +143,6 @@ def _record_operation(*args: Any, **kwargs: Any) -> Any:
 
 
 def _record_operation_backprop_only(*args: Any, **kwargs: Any) -> Any:
-    from . import units
     units.taint("a custom gradient or tf.function call")
     if _recording:
         taint_recording("a custom gradient or tf.function call")
@@ -154,7 +152,6 @@ def _record_operation_backprop_only(*args: Any, **kwargs: Any) -> Any:
 def _imperative_grad(tape: Any, target: list, sources: list, output_gradients: Any = None,
                      sources_raw: Any = None,
                      unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> list:
-    from . import units
     units.taint("a gradient")
     plan = _plan(tape, target, sources, output_gradients)
     if isinstance(plan, str):
@@ -169,7 +166,7 @@ def _imperative_grad(tape: Any, target: list, sources: list, output_gradients: A
 def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any:
     """The nodes of a gradient that can be recorded as one node, or the reason it cannot
     ("" when no lazy tensor is involved)."""
-    from .custom_device import DeviceVariable, payload_of
+    DeviceVariable, payload_of = _device.DeviceVariable, _device.payload_of
     if not runtime.CONFIG.record_calls:
         return ""
     if len(targets) != 1:
@@ -230,7 +227,7 @@ def _gathered(ancestors: set, sources: set) -> bool:
 
 
 def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
-    from .custom_device import make_tensor
+    make_tensor = _device.make_tensor
     target, nodes, og, watched, start, end, ancestors = plan
     on_tape: dict = {}
 
@@ -252,9 +249,11 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
     if picked:
         inputs = (target, *[nodes[k][0] for k in picked]) + ((og,) if og is not None else ())
         g = Node("grad", inputs, (len(picked), int(og is not None), start, end), None, None)
-        for j, k in enumerate(picked):
-            n = nodes[k][0]
-            results[k] = make_tensor(LazyTensor(Node("out", (g,), (j,), n.shape, n.dtype)))
+        sources_of = [nodes[k][0] for k in picked]
+        outs = Node.outputs(g, [(n.shape, n.dtype, (n.shape, n.dtype.as_datatype_enum))
+                                for n in sources_of])
+        for k, out in zip(picked, outs):
+            results[k] = make_tensor(LazyTensor(out))
     return results
 
 
@@ -266,7 +265,7 @@ def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -
             tape._tape is None or (tape._recording and tape._persistent) or \
             (type(sources) is not list and type(sources) is not tuple):
         return None
-    from .custom_device import payload_of
+    payload_of = _device.payload_of
     if type(payload_of(target)) is not LazyTensor:
         return None
     flat = []

@@ -65,10 +65,12 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as _record_module
+from tensorflow.python.eager import context as _context
 from tensorflow.python.eager import tape as _tape_module
 from tensorflow.python.framework import ops
 
-from . import calls, metrics, runtime, tape_capture
+from . import calls, ir, metrics, runtime, tape_capture
+from . import custom_device as _device   # (it imports this module: names read at call time)
 from .errors import LazyCompileError, LazyGradientError
 from .tensor import LazyTensor
 
@@ -83,6 +85,7 @@ _GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather", "GatherNd", "Resou
 _chain = itertools.chain.from_iterable
 _values = operator.methodcaller("values")   # also of mapping wrappers (not dict.values)
 _tokens = itertools.count(1 << 40)   # call tokens of their own (calls.py counts from 0)
+_keras: list = [None, None]   # Keras' global_state module and get_autocast_scope (install())
 
 
 class _Refuse(Exception):
@@ -239,8 +242,7 @@ class Snapshot:
 
 
 def _dtype_policy() -> Any:
-    from keras.src.backend.common import global_state
-    return global_state.get_global_attribute("dtype_policy")
+    return _keras[0].get_global_attribute("dtype_policy")
 
 
 # }}}
@@ -250,15 +252,13 @@ def _dtype_policy() -> Any:
 
 def _precheck() -> str:
     """Why no call can be a unit now ("" when one can)."""
-    from .custom_device import _registered
-    if not _registered[0] or not runtime.CONFIG.record_calls:
+    if not _device._registered[0] or not runtime.CONFIG.record_calls:
         return "off"
     if not tf.executing_eagerly():
         return "off"
-    from keras.src.backend.common import global_state
+    global_state, get_autocast_scope = _keras
     if global_state.get_global_attribute("current_call_ctx") is not None:
         return "off"   # inside a Keras layer call that is not a unit: its own layers decide
-    from keras.src.backend import get_autocast_scope
     if get_autocast_scope() is not None:
         return "an autocast scope"
     if len(tape_capture._recording) > 1:
@@ -270,20 +270,17 @@ def _precheck() -> str:
 
 def _on_device(tensors: list) -> bool:
     """Inside ``lazy.device()``, or a tensor argument lives on the device."""
-    from .custom_device import DEVICE_NAME, is_device_tensor
-    from tensorflow.python.eager import context
-    return context.context().device_name == DEVICE_NAME or any(
-        is_device_tensor(t) for t in tensors)
+    return _context.context().device_name == _device.DEVICE_NAME or any(
+        map(_device.is_device_tensor, tensors))
 
 
 def _input_node(t: Any) -> Any:
-    from .custom_device import _node_of, payload_of
-    p = payload_of(t)
+    p = _device.payload_of(t)
     if type(p) is LazyTensor:
         return p._node
     if p is not None:
         raise _Refuse("a variable's resource handle as an argument")
-    return _node_of(t)
+    return _device._node_of(t)
 
 
 def _owned(owner: Any) -> dict:
@@ -376,8 +373,8 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
 
 
 def _record(unit: Unit, tensors: list) -> Any:
-    from .custom_device import make_tensor
-    nodes = [_input_node(t) for t in tensors]
+    make_tensor = _device.make_tensor
+    nodes = list(map(_input_node, tensors))
     recording = bool(tape_capture._recording)
     if recording:
         _tape_module.variables_accessed(unit.watch)   # as the eager reads would
@@ -393,8 +390,7 @@ def _record(unit: Unit, tensors: list) -> Any:
 def _on_tape(unit: Unit, tensors: list, nodes: list, results: list, pending: bool) -> None:
     """Record the unit on TensorFlow's tape too, with a backward that records its
     vector-Jacobian product as one more node (used only when a gradient runs op by op)."""
-    from . import ir
-    from .custom_device import make_tensor
+    make_tensor = _device.make_tensor
     stamp = next(ir.serials)
     differentiable = [k for k, t in enumerate(tensors) if t.dtype.is_floating or
                       t.dtype.is_complex]
@@ -503,7 +499,6 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
 
 def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dict, key: tuple,
            tensors: list, in_template: Any) -> Any:
-    from . import ir
     metrics.bump("unit_probes")
     probe = Probe()
     before = Snapshot(_layers(owner))
@@ -581,6 +576,9 @@ def install() -> None:
         from keras.src.metrics.metric import Metric
     except ImportError:   # another Keras: its calls run op by op
         return
+    from keras.src.backend import get_autocast_scope
+    from keras.src.backend.common import global_state
+    _keras[:] = [global_state, get_autocast_scope]
     _install_on(Layer, "__call__")
     _install_on(Loss, "__call__")
     for c in _subclasses(Metric):
