@@ -190,9 +190,10 @@ class Recording:
                     assigns: Sequence[tuple["Node", "Node"]]) -> tuple | None:
         """The key of this recording's program in the trace cache (``None``: not provable)."""
         base = self.base
-        outs = tuple([self.first_sight(n) - base for n in outputs])
-        sets = tuple([(self.first_sight(v) - base, self.first_sight(n) - base)
-                      for v, n in assigns])
+        seen = self.first_sight   # called only for a node not logged yet (first_sight's test)
+        outs = tuple([(n.pos if n.pos >= base else seen(n)) - base for n in outputs])
+        sets = tuple([((v.pos if v.pos >= base else seen(v)) - base,
+                       (n.pos if n.pos >= base else seen(n)) - base) for v, n in assigns])
         if not self.ok:
             return None
         return (tuple(self.log), outs, sets)
