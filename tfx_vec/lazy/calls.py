@@ -142,7 +142,7 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
     grads, kvars = list(grads), list(trainable_variables)
     nodes = []
     for g in grads:
-        p = payload_of(g) if isinstance(g, tf.Tensor) else None
+        p = payload_of(g)   # None for anything but a device tensor
         if type(p) is not LazyTensor:
             return "a gradient that is not a lazy tensor"
         nodes.append(p._node)

@@ -132,7 +132,7 @@ def payload_of(t: Any) -> Any:
     """The payload (a ``LazyTensor`` or :class:`DeviceVariable`) of a device tensor, else None."""
     if not _registered[0] or not isinstance(t, ops.EagerTensor):
         return None
-    return native().payload(t, DEVICE_NAME)
+    return _native[0].payload(t, DEVICE_NAME)   # loaded before the device was registered
 
 
 def make_tensor(t: LazyTensor) -> tf.Tensor:

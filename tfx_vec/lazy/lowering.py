@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework.ops import EagerTensor
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from . import raw
@@ -192,8 +193,8 @@ class Compiled:
 
     def __call__(self, data: list, scalars: Any, variables: list) -> list:
         if self._flat is not None:
-            flat = data + [scalars] + [v.handle if isinstance(v, tf.Variable) else v
-                                       for v in variables]
+            flat = data + [scalars] + [v if type(v) is EagerTensor else v.handle
+                                       if isinstance(v, tf.Variable) else v for v in variables]
             return list(self._flat(flat, self._concrete.captured_inputs))
         if self._concrete is None:
             self._concrete = self.function.get_concrete_function(data, scalars, variables)
