@@ -183,7 +183,8 @@ def _mutations():
         keras.config.set_dtype_policy("float64")
 
     return [
-        ("a float replaced by an equal float", set_attr("rate", float(str(RNG.uniform())))),
+        ("a float replaced by an equal float",
+         lambda layer: setattr(layer, "rate", float(str(layer.rate)))),
         ("a new attribute", set_attr("extra", 1)),
         ("an attribute removed", lambda layer: delattr(layer, "rate")),
         ("a flag", set_attr("flag", True)),

@@ -242,7 +242,16 @@ class Snapshot:
 
 
 def _dtype_policy() -> Any:
+    if _keras[0] is None:   # a snapshot taken before install()
+        _bind_keras()
     return _keras[0].get_global_attribute("dtype_policy")
+
+
+def _bind_keras() -> None:
+    """Keep Keras' global state module and ``get_autocast_scope`` (read on every call)."""
+    from keras.src.backend import get_autocast_scope
+    from keras.src.backend.common import global_state
+    _keras[:] = [global_state, get_autocast_scope]
 
 
 # }}}
@@ -576,9 +585,7 @@ def install() -> None:
         from keras.src.metrics.metric import Metric
     except ImportError:   # another Keras: its calls run op by op
         return
-    from keras.src.backend import get_autocast_scope
-    from keras.src.backend.common import global_state
-    _keras[:] = [global_state, get_autocast_scope]
+    _bind_keras()
     _install_on(Layer, "__call__")
     _install_on(Loss, "__call__")
     for c in _subclasses(Metric):
