@@ -1133,6 +1133,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             return self.scheduler
         if self.run_ahead:
             return "earliest"
+        # kept beside the programs, so that a copy sharing them shares the choice
         key = ("scheduler", spec.key, spec.chains if isinstance(spec.chains, int) else None)
         if key not in self._programs:
             cheap = _cheap_gradient(self._value_and_grad(spec), spec.chains, spec.dim,

@@ -142,6 +142,15 @@ def dry_run_source(x: ConversionInput, t: tf.Tensor) -> tf.Tensor:
     return t
 
 
+def handle_source(x: ConversionInput, handle: tf.Tensor) -> tf.Tensor:
+    """The tensor a stack or TensorArray ``handle`` comes from: through dry-run placeholders
+    and the ops that only forward it (``Identity``, a TF1 loop's ``Enter``)."""
+    handle = dry_run_source(x, handle)
+    while handle.op.type in ("Identity", "Enter"):
+        handle = dry_run_source(x, handle.op.inputs[0])
+    return handle
+
+
 def runs_every_iteration(x: ConversionInput) -> bool:
     """Whether ``x``'s op is converted for all the iterations at once (not for those a
     loop-variant ``tf.cond`` or while condition keeps, nor masked)."""

@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import conversion_state, create_op_like, dry_run_source, runs_every_iteration
+from tfx_vec.pfor.converters._helpers import (conversion_state, create_op_like, handle_source,
+                                              runs_every_iteration)
 from tfx_vec.pfor.registry import (ConversionInput, WrappedTensor, register_converter,
                                    tile_to_stacked)
 
 #: Registration modules: their converters are reached through the registry.
 __all__: list[str] = []
-
-#: Ops that forward a stack handle unchanged between its creation and its use.
-_FORWARDING = ("Identity", "Enter")
 
 
 def _stack_op(x: ConversionInput) -> tf.Operation:
@@ -54,9 +52,7 @@ def _stack_op(x: ConversionInput) -> tf.Operation:
                       "the loop index (a loop-variant tf.cond predicate or while condition) "
                       "cannot be vectorized: the iterations would not push and pop in lock "
                       "step; move the stack operations out of that control flow")
-    handle = dry_run_source(x, x.input(0).t)
-    while handle.op.type in _FORWARDING:
-        handle = dry_run_source(x, handle.op.inputs[0])
+    handle = handle_source(x, x.input(0).t)
     if handle.op.type != "StackV2":
         raise x.error(f"the stack handle comes from a {handle.op.type} op, not from StackV2")
     return handle.op

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfx_vec.pfor.converters._helpers import (conversion_state, create_op_like, dry_run_source, runs_every_iteration,
-                                              fold_batch)
+from tfx_vec.pfor.converters._helpers import (conversion_state, create_op_like, fold_batch,
+                                              handle_source, runs_every_iteration)
 from tfx_vec.pfor.converters.nn_ops import converter
 from tfx_vec.pfor.registry import ConversionInput, WrappedTensor, register_converter
 
@@ -58,10 +58,7 @@ def _gradient_arrays(x: ConversionInput) -> set:
 
 
 def _per_iteration_array(x: ConversionInput, handle: tf.Tensor) -> bool:
-    op = dry_run_source(x, handle).op
-    while op.type in ("Identity", "Enter"):
-        op = dry_run_source(x, op.inputs[0]).op
-    return op in _gradient_arrays(x)
+    return handle_source(x, handle).op in _gradient_arrays(x)
 
 
 def _shared_position(x: ConversionInput, i: int) -> tf.Tensor:
