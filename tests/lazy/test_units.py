@@ -167,6 +167,44 @@ def test_a_gradient_through_a_unit_run_op_by_op_is_the_units_own():
             tape.gradient(loss, model.trainable_variables)
 
 
+def test_the_steady_steps_short_paths_give_what_eager_gives():
+    """Keras variables as gradient sources (also with an autocast scope open, where Keras'
+    own ``handle`` is asked), the variables a model call recorded as one node tells the tape
+    it read (before and after a layer is frozen), and a value read after the barrier (no new
+    program) or before it (forced): each as eager."""
+    from keras.src.backend.common.variables import AutocastScope
+
+    def run(in_lazy):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"),
+                                  keras.layers.Dense(3)])
+        _weights(model)
+        out, forced, watched = [], [], []
+        for step in range(6):
+            if step == 3:
+                model.layers[0].trainable = False
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(X) - Y) ** 2)
+            watched.append(sorted(v.shape.as_list() for v in tape.watched_variables()))
+            with AutocastScope("float32") if step % 2 else tf.init_scope():
+                grads = tape.gradient(loss, model.trainable_variables)
+            for g, v in zip(grads, model.trainable_variables):
+                v.assign_sub(0.1 * g)
+            before = lazy.metrics().get("forced", 0) if in_lazy else 0
+            if in_lazy and step < 4:
+                lazy.mark_step()
+            out.append(float(loss))
+            forced.append(lazy.metrics().get("forced", 0) - before if in_lazy else int(step >= 4))
+        return forced, watched, out + [v.numpy() for v in model.weights]
+
+    eager, lazy_out, m = _both(run)
+    assert lazy_out[0] == eager[0] == [0, 0, 0, 0, 1, 1]   # forced only without a barrier
+    assert lazy_out[1] == eager[1]
+    for a, b in zip(eager[2], lazy_out[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert m["units_recorded"] >= 3 and m["tape_recorded"] >= 5, m
+    assert not [k for k in m if k.startswith(("tape_eager", "fallback"))], m
+
+
 def _mutations():
     """(name, change) pairs: each ``change(layer)`` alters the Python state of a layer whose
     ``scales`` list, ``table`` dict and ``tag`` set are attributes (one level in)."""

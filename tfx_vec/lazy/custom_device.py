@@ -61,7 +61,7 @@ from .ops import Unrecordable
 from .tensor import LazyTensor, _const, check_assign, force, value
 
 __all__ = ["device", "DEVICE_NAME", "HOST", "DeviceVariable", "native", "payload_of",
-           "is_device_tensor", "make_tensor"]
+           "is_device_tensor", "make_tensor", "make_tensors"]
 
 DEVICE_NAME = "/job:localhost/replica:0/task:0/device:LAZY:0"
 HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -138,6 +138,26 @@ def payload_of(t: Any) -> Any:
 def make_tensor(t: LazyTensor) -> tf.Tensor:
     """A tensor on the device whose payload is ``t`` (outside an op's recording)."""
     return native().make_tensor(context.context()._handle, DEVICE_NAME, _spec(t))
+
+
+def make_tensors(nodes: list) -> list:
+    """``[make_tensor(LazyTensor(n)) for n in nodes]`` for the output nodes of one recorded
+    library call (a unit, a gradient): one eager-mode check and one context lookup for all.
+
+    >>> from tfx_vec import lazy
+    >>> with lazy.device():
+    ...     x = tf.constant([1.0, 2.0]) * 2.0
+    ...     y, z = make_tensors([payload_of(x)._node] * 2)
+    ...     lazy.mark_step()
+    >>> y.numpy().tolist(), z.device == x.device
+    ([2.0, 4.0], True)
+    """
+    if not nodes:
+        return []
+    tensors = [LazyTensor(nodes[0])]   # checks eager mode once
+    tensors += [LazyTensor._recorded(n) for n in nodes[1:]]
+    make, handle = native().make_tensor, context.context()._handle
+    return [make(handle, DEVICE_NAME, (t, t._node.sig[1], t._node.shape)) for t in tensors]
 
 
 def is_device_tensor(t: Any) -> bool:
@@ -637,6 +657,8 @@ def _from_device(payload: Any) -> tf.Tensor:
     runtime.check_no_strategy("a lazy tensor was read")
     if type(payload) is DeviceVariable:
         return payload.flush(f"variable {payload.name!r} read off the lazy device")
+    if not payload._pending():   # computed already (a loss read after the barrier)
+        return runtime._eager(payload)
     # tf.function captures a small eager tensor by value when it traces: so does this.
     return force(payload, f"value read at {runtime.user_frame()}")
 # }}}

@@ -51,6 +51,7 @@ from tensorflow.python.eager import backprop as _backprop
 from tensorflow.python.eager import imperative_grad as _imperative_grad_module
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import tape as _tape_module
+from tensorflow.python.framework import dtypes as _dtypes
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import resource_variable_ops as _rv
 
@@ -60,9 +61,24 @@ from .ir import LEAF_OPS, Node
 from .tape import _ancestors
 from .tensor import LazyTensor
 
-__all__ = ["install", "TapeState", "taint_recording", "taint_live"]
+__all__ = ["install", "TapeState", "taint_recording", "taint_live", "float_or_complex"]
 
 _MAX_TAPES = 256
+_FLOAT_OR_COMPLEX = frozenset(e for e, d in _dtypes._INTERN_TABLE.items()
+                              if d.is_floating or d.is_complex)   # dtype enums
+_DIFFERENTIABLE = _FLOAT_OR_COMPLEX | {tf.resource.as_datatype_enum}
+
+
+def float_or_complex(t: Any, resource: bool = False) -> bool:
+    """Whether a tensor's dtype is floating or complex (or ``resource``, when asked): an eager
+    tensor's is read as its enum, without ``tf.DType``'s Python properties.
+
+    >>> float_or_complex(tf.constant(1.0)), float_or_complex(tf.constant(1))
+    (True, False)
+    """
+    if type(t) is _ops.EagerTensor:
+        return t._datatype_enum() in (_DIFFERENTIABLE if resource else _FLOAT_OR_COMPLEX)
+    return t.dtype.is_floating or t.dtype.is_complex or (resource and t.dtype == tf.resource)
 
 
 class TapeState:
@@ -190,7 +206,7 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
     watched_vars = {id(p) for p in watched_vars}
     nodes = []
     for s in sources:
-        if not (s.dtype.is_floating or s.dtype.is_complex) and s.dtype != tf.resource:
+        if not float_or_complex(s, resource=True):
             return "an integer source"
         p = payload_of(s)
         if type(p) is DeviceVariable:
@@ -227,7 +243,6 @@ def _gathered(ancestors: set, sources: set) -> bool:
 
 
 def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
-    make_tensor = _device.make_tensor
     target, nodes, og, watched, start, end, ancestors = plan
     on_tape: dict = {}
 
@@ -250,10 +265,9 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
         inputs = (target, *[nodes[k][0] for k in picked]) + ((og,) if og is not None else ())
         g = Node("grad", inputs, (len(picked), int(og is not None), start, end), None, None)
         sources_of = [nodes[k][0] for k in picked]
-        outs = Node.outputs(g, [(n.shape, n.dtype, (n.shape, n.dtype.as_datatype_enum))
-                                for n in sources_of])
-        for k, out in zip(picked, outs):
-            results[k] = make_tensor(LazyTensor(out))
+        outs = Node.outputs(g, [(n.shape, n.dtype, n.sig) for n in sources_of])
+        for k, t in zip(picked, _device.make_tensors(outs)):
+            results[k] = t
     return results
 
 
@@ -268,17 +282,31 @@ def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -
     payload_of = _device.payload_of
     if type(payload_of(target)) is not LazyTensor:
         return None
+    keras_variable = _plain_keras_variable()
     flat = []
     for s in sources:
-        if type(s) is _ops.EagerTensor:
+        t = type(s)
+        if t is _ops.EagerTensor:
             if getattr(s, "is_packed", False):
                 return None
             flat.append(s)
+        elif t is keras_variable and s._value is not None:
+            flat.append(s._value.handle)   # what its ``handle`` returns, without its Python
         elif _rv.is_resource_variable(s):
             flat.append(s.handle)
         else:
             return None
     return flat
+
+
+def _plain_keras_variable() -> Any:
+    """Keras' variable class when a Keras variable's ``handle`` is its inner ``tf.Variable``'s
+    (no stateless or autocast scope is open: its ``value`` is then ``_value``), else None."""
+    global_state, get_autocast_scope, variable = units._keras
+    if variable is None or get_autocast_scope() is not None or \
+            global_state.get_global_attribute("stateless_scope") is not None:
+        return None
+    return variable
 
 
 def _gradient(original: Any) -> Any:

@@ -66,6 +66,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import context as _context
+from tensorflow.python import pywrap_tfe as _pywrap_tfe
+from tensorflow.python.distribute import distribute_lib as _distribute_lib
 from tensorflow.python.eager import tape as _tape_module
 from tensorflow.python.framework import ops
 
@@ -85,7 +87,8 @@ _GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather", "GatherNd", "Resou
 _chain = itertools.chain.from_iterable
 _values = operator.methodcaller("values")   # also of mapping wrappers (not dict.values)
 _tokens = itertools.count(1 << 40)   # call tokens of their own (calls.py counts from 0)
-_keras: list = [None, None]   # Keras' global_state module and get_autocast_scope (install())
+# Keras' global_state module, get_autocast_scope and its TensorFlow Variable class (install())
+_keras: list = [None, None, None]
 
 
 class _Refuse(Exception):
@@ -248,10 +251,12 @@ def _dtype_policy() -> Any:
 
 
 def _bind_keras() -> None:
-    """Keep Keras' global state module and ``get_autocast_scope`` (read on every call)."""
-    from keras.src.backend import get_autocast_scope
+    """Keep Keras' global state module, ``get_autocast_scope`` (read on every call) and its
+    variable class when it acts as a TensorFlow resource variable (the TensorFlow backend)."""
+    from keras.src.backend import Variable, get_autocast_scope
     from keras.src.backend.common import global_state
-    _keras[:] = [global_state, get_autocast_scope]
+    resource = hasattr(Variable, "_should_act_as_resource_variable")
+    _keras[:] = [global_state, get_autocast_scope, Variable if resource else None]
 
 
 # }}}
@@ -265,7 +270,7 @@ def _precheck() -> str:
         return "off"
     if not tf.executing_eagerly():
         return "off"
-    global_state, get_autocast_scope = _keras
+    global_state, get_autocast_scope, _ = _keras
     if global_state.get_global_attribute("current_call_ctx") is not None:
         return "off"   # inside a Keras layer call that is not a unit: its own layers decide
     if get_autocast_scope() is not None:
@@ -382,29 +387,40 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
 
 
 def _record(unit: Unit, tensors: list) -> Any:
-    make_tensor = _device.make_tensor
     nodes = list(map(_input_node, tensors))
     recording = bool(tape_capture._recording)
     if recording:
-        _tape_module.variables_accessed(unit.watch)   # as the eager reads would
+        _variables_accessed(unit.watch)   # as the eager reads would
         pending = any(s._node is not s._read for s in unit.states)
     outs = calls.record_call(unit.spec, unit.token, nodes, unit.states)
     metrics.bump("units_recorded")
-    results = [make_tensor(LazyTensor(n)) for n in outs]
+    results = _device.make_tensors(outs)
     if recording and results:
         _on_tape(unit, tensors, nodes, results, pending)
     return _fill(unit.out_template, iter(results))
 
 
+def _variables_accessed(variables: list) -> None:
+    """TensorFlow's ``tape.variables_accessed``: tell the tapes and variable watchers that the
+    trainable ``variables`` were read.  With no ``tf.distribute`` strategy in scope its resolver
+    maps each variable to itself, so the per-variable strategy lookup is skipped."""
+    if _tape_module._variables_override is not \
+            _distribute_lib.get_local_results_or_value_container or \
+            _distribute_lib.has_strategy():
+        _tape_module.variables_accessed(variables)
+        return
+    for v in variables:
+        if v.trainable:
+            _pywrap_tfe.TFE_Py_TapeVariableAccessed(v)
+            _pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(v)
+
+
 def _on_tape(unit: Unit, tensors: list, nodes: list, results: list, pending: bool) -> None:
     """Record the unit on TensorFlow's tape too, with a backward that records its
     vector-Jacobian product as one more node (used only when a gradient runs op by op)."""
-    make_tensor = _device.make_tensor
     stamp = next(ir.serials)
-    differentiable = [k for k, t in enumerate(tensors) if t.dtype.is_floating or
-                      t.dtype.is_complex]
-    trainable = [i for i, v in enumerate(unit.spec.variables)
-                 if i in unit.read and v.trainable]
+    differentiable = [k for k, t in enumerate(tensors) if tape_capture.float_or_complex(t)]
+    trainable = [i for i, v in zip(unit.read, unit.watch) if v.trainable]
 
     def backward(*grads: Any) -> list:
         why = "it updates variables" if unit.spec.assigned else \
@@ -426,7 +442,7 @@ def _on_tape(unit: Unit, tensors: list, nodes: list, results: list, pending: boo
         metrics.bump("unit_vjps")
         ogs = [_input_node(g) for g in grads if g is not None]
         outs = calls.record_call(vjp[1], vjp[0], nodes + ogs, unit.states)
-        return [make_tensor(LazyTensor(n)) for n in outs]
+        return _device.make_tensors(outs)
     sources = [tensors[k] for k in differentiable]
     sources += [unit.spec.variables[i].handle for i in trainable]
     tape_capture._original["record_operation"]("TfxVecLazyUnit", results, sources, backward)
