@@ -225,6 +225,7 @@ def _mutations():
          lambda layer: setattr(layer, "rate", float(str(layer.rate)))),
         ("a new attribute", set_attr("extra", 1)),
         ("an attribute removed", lambda layer: delattr(layer, "rate")),
+        ("an attribute renamed", lambda layer: setattr(layer, "rates", vars(layer).pop("rate"))),
         ("a flag", set_attr("flag", True)),
         ("an attribute of the inner layer", lambda layer: setattr(layer.inner, "units", 7)),
         ("a list item", lambda layer: layer.scales.__setitem__(0, RNG.uniform())),

@@ -208,8 +208,9 @@ class Snapshot:
 
     :meth:`same` runs once per recorded call, so it makes no Python loop over the layers: it
     compares the objects' types, their ``__dict__`` sizes, keys and values, then (those being
-    the same objects) the containers' sizes and contents, each as one flat identity comparison
-    made in C.  Sizes are compared before contents, so flattened sequences line up."""
+    the same objects) the containers' sizes and contents, each as one flat comparison made in
+    C: by identity, except the attribute names (an equal name is the same attribute).  Sizes
+    are compared before contents, so flattened sequences line up."""
 
     __slots__ = ("objects", "policy", "types", "sizes", "keys", "values", "containers",
                  "container_sizes", "contents", "mappings", "mapping_values")
@@ -235,9 +236,10 @@ class Snapshot:
                 not all(map(is_, map(type, self.objects), self.types)):
             return False
         dicts = list(map(vars, self.objects))
-        # the same keys and values: the containers are the same objects as when taken
+        # the same keys (names: equal is the same attribute, and list equality is faster than
+        # identity) and values: the containers are the same objects as when taken
         return list(map(len, dicts)) == self.sizes and \
-            all(map(is_, _chain(dicts), self.keys)) and \
+            list(_chain(dicts)) == self.keys and \
             all(map(is_, _chain(map(dict.values, dicts)), self.values)) and \
             list(map(len, self.containers)) == self.container_sizes and \
             all(map(is_, _chain(self.containers), self.contents)) and \
