@@ -382,12 +382,23 @@ def _merge_subtrees(seed, qp1, gp1, lp1, ep1, p_beg1, p_end1, rho1, lsw1, metro1
             div1 | div2)
 
 
-def _start_trajectory(seed, q, logp, g):
-    """The chain's next trajectory from ``(q, logp, g)``: a seed for it, a fresh momentum, the
-    initial energy and the bookkeeping of a one-point trajectory."""
+def _draw_trajectory(seed, q):
+    """What the trajectory that ``seed`` starts from ``q`` (``[B, D]``) draws: the chain's
+    seed after it, its own seed and its fresh momentum.
+
+    A primitive of its own, assigned in a block before the trajectory's start: XLA fuses an
+    elementwise value into each of its consumers, and the start uses the momentum four times
+    (both ends, the summed momentum, the energy), so drawn there its Box-Muller cosines and
+    logarithms were computed four times; passed in a program variable, it is computed once."""
     seed, s_traj = _split(seed, 2)
     s_traj, s_momentum = _split(s_traj, 2)
-    p = _normal(s_momentum, q.shape[-1], q.dtype)
+    return seed, s_traj, _normal(s_momentum, q.shape[-1], q.dtype)
+
+
+def _start_trajectory(seed, s_traj, q, logp, g, p):
+    """The chain's next trajectory from ``(q, logp, g)`` with the seeds and momentum ``p`` of
+    :func:`_draw_trajectory`: the initial energy and the bookkeeping of a one-point
+    trajectory."""
     h0 = -logp + 0.5 * _dot(p, p)
     zero_f = tf.zeros_like(logp)
     zero_i = tf.zeros_like(logp, tf.int32)
@@ -709,8 +720,10 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
          e_out, t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max, div,
                                energy, t)
         seed_0 = tf.identity(seed)
+        seed_next, seed_next_t, p_0 = _draw_trajectory(seed, q)
         (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
-         leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(seed, q, logp, g)
+         leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(
+             seed_next, seed_next_t, q, logp, g, p_0)
         while t < cap:
             (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
              l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
@@ -727,6 +740,9 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                 go, t, leapfrogs, (log_accept, accepted, reach_max, div, energy), leaves, metro,
                 accepted_t, reach_max_t, div_t, e_s)
             if not go:  # the sample is the chain's state: it starts the next trajectory
+                # drawn a block before the start, which reads them as variables (see
+                # _draw_trajectory)
+                seed_next, seed_next_t, p_0 = _draw_trajectory(seed, q_s)
                 if t == target:
                     (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out,
                      div_out, e_out, t_out) = _same(q_s, l_s, g_s, leapfrogs, log_accept,
@@ -734,7 +750,7 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                 seed_0 = tf.identity(seed)
                 (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
                  depth, leaves, metro, accepted_t, reach_max_t,
-                 div_t) = _start_trajectory(seed, q_s, l_s, g_s)
+                 div_t) = _start_trajectory(seed_next, seed_next_t, q_s, l_s, g_s, p_0)
         return (q_out, l_out, g_out, log_accept_out, accepted_out, leap_out, reach_out, div_out,
                 q_s, l_s, g_s, seed_0, t, leapfrogs, log_accept, accepted, reach_max, div,
                 energy, t_out, e_out)
