@@ -166,3 +166,28 @@ def test_an_error_in_a_background_run_surfaces_at_the_first_use(monkeypatch):
     lazy.mark_step(wait=False)                         # a cache hit: launched in background
     with pytest.raises(lazy.LazyCompileError, match="simulated device failure"):
         z.numpy()
+
+
+def test_a_hit_runs_the_compiled_function_as_one_op_unless_something_could_record_it(
+        monkeypatch):
+    """Cache hits with no tape active call the traced function as one op; under an active
+    ``tf.GradientTape`` a hit takes the concrete function's own call; both match eager."""
+    seen: list = []
+    plain = lowering._plain_call
+    monkeypatch.setattr(lowering, "_plain_call", lambda: seen.append(plain()) or seen[-1])
+    rng = np.random.default_rng(7)
+    wa = random_array(rng, (3, 2))
+    w, ew = lazy.Variable(wa), tf.Variable(wa)
+    for i in range(4):
+        xa, lr = random_array(rng, (4, 3)), float(rng.uniform(0.01, 0.5))
+        if i == 3:
+            with tf.GradientTape() as outer:
+                outer.watch(tf.constant(1.0))
+                loss = _step(lazy.tensor(xa), w, lr)
+        else:
+            loss = _step(lazy.tensor(xa), w, lr)
+        expected = _reference_step(tf.constant(xa), ew, lr)
+        np.testing.assert_allclose(loss.numpy(), expected.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(w.numpy(), ew.numpy(), rtol=1e-5, atol=1e-6)
+    assert seen == [True, True, False]
+    assert lazy.metrics()["cache_hits"] == 3

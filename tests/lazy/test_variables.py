@@ -1,4 +1,6 @@
 """In-place updates by substitution, and the paper's two aliasing hazards (section 4.3)."""
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -94,3 +96,32 @@ def test_random_variable_updates_match_tf_variables(updates, seed):
     lazy.mark_step()
     for a, b in zip(lv + lreads, ev + ereads):
         np.testing.assert_allclose(a.numpy(), np.asarray(b.numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_device_variable_values_read_mid_step_match_eager():
+    """``.numpy()`` of a device variable's read (no pending update: no barrier) before and
+    after an update recorded in the same step, and of the earlier read after it, as eager."""
+    rng = np.random.default_rng(11)
+    v0 = random_array(rng, (2, 3))
+    with lazy.device():
+        v = tf.Variable(v0)
+    ev = tf.Variable(v0)
+    for _ in range(3):
+        x = random_array(rng, (2, 3))
+        got, want = [], []
+        for var, out, scope in ((v, got, lazy.device), (ev, want, _no_scope)):
+            with scope():
+                before = var.read_value()
+                out.append(before.numpy())
+                var.assign_add(x * before)
+                out.append(var.read_value().numpy())
+                out.append(before.numpy())
+        lazy.mark_step()
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+    np.testing.assert_allclose(v.numpy(), ev.numpy(), rtol=1e-6)
+
+
+@contextlib.contextmanager
+def _no_scope():
+    yield

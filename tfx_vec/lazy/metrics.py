@@ -23,8 +23,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["bump", "timer", "metrics", "metrics_report", "reset_metrics", "count_fallback",
-           "fallback_sites", "note_recompilation", "recompilations"]
+__all__ = ["bump", "timer", "add_time", "metrics", "metrics_report", "reset_metrics",
+           "count_fallback", "fallback_sites", "note_recompilation", "recompilations"]
 
 _counters: collections.Counter = collections.Counter()
 _timers: dict[str, list[float]] = {}  # name -> [total seconds, count]
@@ -83,9 +83,20 @@ def timer(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        slot = _timers.setdefault(name, [0.0, 0])
-        slot[0] += time.perf_counter() - t0
-        slot[1] += 1
+        add_time(name, t0)
+
+
+def add_time(name: str, t0: float) -> None:
+    """Add the time since ``t0`` (``time.perf_counter()``) to timer ``name``: what
+    :func:`timer` does, without a context manager's calls, for code that runs every step.
+
+    >>> add_time("example", time.perf_counter())
+    >>> metrics()["example_n"] >= 1
+    True
+    """
+    slot = _timers.setdefault(name, [0.0, 0])
+    slot[0] += time.perf_counter() - t0
+    slot[1] += 1
 
 
 def metrics() -> dict:

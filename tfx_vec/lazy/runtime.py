@@ -290,9 +290,7 @@ def _barrier(cause: str, wait_for_results: bool) -> None:
     t0 = time.perf_counter()
     prog = _program(outputs, assigns)
     prog.data[:] = [d.get() if type(d) is Pending else d for d in prog.data]
-    slot = metrics._timers.setdefault("canonicalize", [0.0, 0])
-    slot[0] += time.perf_counter() - t0
-    slot[1] += 1
+    metrics.add_time("canonicalize", t0)
     fn = _cache.get(prog.key)
     if not wait_for_results and fn is not None and fn.traced:
         _cache.move_to_end(prog.key)
@@ -356,8 +354,7 @@ def _program(outputs: list, assigns: list) -> ir.Program:
 
 def _run_async(fn: Any, prog: ir.Program, scalars: tf.Tensor, where: str) -> list:
     try:
-        with metrics.timer("execute"):
-            return fn(prog.data, scalars, prog.variables)
+        return _timed("execute", fn, prog.data, scalars, prog.variables)
     except Exception as e:  # surfaces at the first use of a result
         ops = sorted({e_[0] for e_ in prog.key[0]} - ir.PARAM_OPS)
         raise LazyCompileError(f"the lazy program {ir.key_hash(prog.key)} (ops {ops}) launched "
@@ -375,8 +372,7 @@ def _execute(prog: ir.Program, cause: str) -> list:
     scalars = _scalar_vector(prog.scalars)
     name = "compile" if first else "execute"
     try:
-        with metrics.timer(name):
-            out = fn(prog.data, scalars, prog.variables)
+        out = _timed(name, fn, prog.data, scalars, prog.variables)
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
             NotImplementedError) as e:
         _cache.pop(prog.key, None)
@@ -390,10 +386,18 @@ def _execute(prog: ir.Program, cause: str) -> list:
             raise LazyFallbackError(f"{where}: XLA cannot compile it: "
                                     f"{str(e).splitlines()[0]}") from e
         fn = _cache[prog.key] = lowering.build(prog.key, jit=False)
-        with metrics.timer(name):
-            out = fn(prog.data, scalars, prog.variables)
+        out = _timed(name, fn, prog.data, scalars, prog.variables)
     metrics.bump("executions")
     return out
+
+
+def _timed(name: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, timed into timer ``name`` (a context manager costs more calls)."""
+    t0 = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        metrics.add_time(name, t0)
 
 
 _last_scalars: list = [None, None]  # (values, tensor): a training loop repeats its scalars
