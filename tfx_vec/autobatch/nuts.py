@@ -80,24 +80,32 @@ _SPLIT_DOMAIN = 0          # counters 2i, 2i+1 give child seed i
 _UNIFORM_DOMAIN = 1 << 31  # counters with the top bit set give uniforms/normals
 
 
-def _fmix32(x: tf.Tensor) -> tf.Tensor:
-    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche."""
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
-    x = x * tf.constant(0x85EBCA6B, tf.uint32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(13, tf.uint32)))
-    x = x * tf.constant(0xC2B2AE35, tf.uint32)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+def _fmix32(x: tf.Tensor, c: dict) -> tf.Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche (``c``: the
+    constants of :func:`_hash_constants`)."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
+    x = x * c[0x85EBCA6B]
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[13]))
+    x = x * c[0xC2B2AE35]
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
+
+
+def _hash_constants() -> dict:
+    """The hash's uint32 constants, each made once per hash (a primitive is traced twice, and
+    a constant per use was a third of the hash's operations)."""
+    return {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9,
+                                                   0x7F4A7C15)}
 
 
 def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
     """uint32 hash of an int32 seed ``[..., 2]`` (broadcast against) a uint32 ``counter``."""
-    key = tf.bitcast(seed, tf.uint32)
-    k0, k1 = key[..., 0], key[..., 1]
+    c = _hash_constants()
+    k0, k1 = tf.unstack(tf.bitcast(seed, tf.uint32), axis=-1)
     while counter.shape.rank > k0.shape.rank:
-        k0, k1 = k0[..., None], k1[..., None]
-    x = _fmix32(tf.bitwise.bitwise_xor(counter * tf.constant(0x9E3779B9, tf.uint32), k0))
-    x = _fmix32(x + k1)
-    return _fmix32(tf.bitwise.bitwise_xor(x, k0 + tf.constant(0x7F4A7C15, tf.uint32)))
+        k0, k1 = tf.expand_dims(k0, -1), tf.expand_dims(k1, -1)
+    x = _fmix32(tf.bitwise.bitwise_xor(counter * c[0x9E3779B9], k0), c)
+    x = _fmix32(x + k1, c)
+    return _fmix32(tf.bitwise.bitwise_xor(x, k0 + c[0x7F4A7C15]), c)
 
 
 def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:

@@ -154,6 +154,8 @@ def select(mask: tf.Tensor, new: Any, old: Any, what: str = "") -> Any:
     """Per member: ``new`` where ``mask`` else ``old`` (structures of batched tensors)."""
     def leaf(n, o):
         n = tf.convert_to_tensor(n)
+        if n.shape.rank == mask.shape.rank:  # nothing to reshape (one operation fewer to trace)
+            return tf.where(mask, n, o)
         return tf.where(tf.reshape(mask, [-1] + [1] * (n.shape.rank - 1)), n, o)
     try:
         return tf.nest.map_structure(leaf, new, old)
