@@ -110,27 +110,28 @@ def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
 
 def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
     """``n`` independent int32 seeds ``[..., 2]`` from one (one vectorized hash)."""
-    counters = tf.constant(np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n), tf.uint32)
-    bits = _hash(seed, counters[(None,) * (seed.shape.rank - 1)])   # [..., 2n]
-    pairs = tf.bitcast(bits, tf.int32)
-    return [pairs[..., 2 * i:2 * i + 2] for i in range(n)]
+    counters = np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n).reshape(
+        (1,) * (seed.shape.rank - 1) + (2 * n,))
+    bits = _hash(seed, tf.constant(counters, tf.uint32))   # [..., 2n]
+    return tf.split(tf.bitcast(bits, tf.int32), n, axis=-1)
 
 
-def _uniforms(seed: tf.Tensor, counter: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """Uniforms in the open interval (0, 1), 24 random bits each."""
-    bits = tf.bitwise.right_shift(_hash(seed, counter + tf.constant(_UNIFORM_DOMAIN, tf.uint32)),
-                                  tf.constant(8, tf.uint32))
+def _uniforms(seed: tf.Tensor, counter: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """Uniforms in the open interval (0, 1), 24 random bits each (``counter``: a uint32 array,
+    broadcast against the seeds' batch shape)."""
+    domain = np.asarray(counter, np.uint32) + np.uint32(_UNIFORM_DOMAIN)
+    bits = tf.bitwise.right_shift(_hash(seed, tf.constant(domain)), tf.constant(8, tf.uint32))
     return (tf.cast(bits, dtype) + 0.5) * (2.0 ** -24)
 
 
 def _uniform(seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """One uniform per chain: seed ``[B, 2]`` -> ``[B]``."""
-    return _uniforms(seed, tf.constant(0, tf.uint32), dtype)
+    return _uniforms(seed, np.uint32(0), dtype)
 
 
 def _normal(seed: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
     """``dim`` standard normals per chain (Box-Muller): seed ``[B, 2]`` -> ``[B, dim]``."""
-    idx = tf.cast(tf.range(1, dim + 1), tf.uint32)[None, :]  # [1, dim] against seeds [B]
+    idx = np.arange(1, dim + 1, dtype=np.uint32)[None, :]  # [1, dim] against seeds [B]
     u1 = _uniforms(seed, 2 * idx, dtype)
     u2 = _uniforms(seed, 2 * idx + 1, dtype)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)

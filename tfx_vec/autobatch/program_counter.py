@@ -117,7 +117,8 @@ def _apply_write(stack: Any, write: tuple) -> Any:
 
     def leaf(s, v):
         idx = _flat_index(tf.where(mask, slot, s.shape[0] - 1))
-        return tf.reshape(tf.tensor_scatter_nd_update(_flat(s), idx[:, None], v), _shape_of(s))
+        new = tf.tensor_scatter_nd_update(_flat(s), tf.expand_dims(idx, 1), v)
+        return tf.reshape(new, _shape_of(s))
     return tf.nest.map_structure(leaf, stack, value)
 
 # }}}
@@ -214,21 +215,31 @@ class _Machine:
 
     def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
+        shared: dict[tuple, tf.Tensor] = {}
+
+        def zeros(spec, lead=()):
+            """Zeros of ``spec``, one tensor per shape and dtype (fewer operations to trace)."""
+            def leaf(s):
+                key = (tuple(lead), tuple(s.shape.as_list()[1:]), s.dtype)
+                if key not in shared:
+                    shared[key] = zeros_of(s, batch, lead)
+                return shared[key]
+            return tf.nest.map_structure(leaf, spec)
         small = {
             "pc": tf.fill([batch], self.p.entries[self.p.main]),
             "pc_sp": tf.ones([batch], tf.int32),
             "overflow": tf.zeros([batch], tf.bool),
             "runs": tf.zeros([self.halt], tf.int32),
             "members": tf.zeros([self.halt], tf.int32),
-            "vals": {v: zeros_of(self.types[v], batch) for v in self.registers + self.stacks},
-            "sp": {v: tf.zeros([batch], tf.int32) for v in self.stacks},
+            "vals": {v: zeros(self.types[v]) for v in self.registers + self.stacks},
+            "sp": {v: zeros(tf.TensorSpec([None], tf.int32)) for v in self.stacks},
         }
         for v, a in zip(self.p.params, args):
             small["vals"][v] = tf.nest.map_structure(
                 lambda x, s: fit(x, s, batch), a, self.types[v])
         pc_stack = tf.concat([tf.fill([1, batch], self.halt),
                               tf.zeros([d + 1, batch], tf.int32)], axis=0)
-        stacks = {v: zeros_of(self.types[v], batch, [d + 1]) for v in self.stacks}
+        stacks = {v: zeros(self.types[v], [d + 1]) for v in self.stacks}
         return small, {"pc_stack": pc_stack, "stack": stacks}
 
     def _no_write(self, v: str | None, batch: int) -> tuple:
