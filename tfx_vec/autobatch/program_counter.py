@@ -255,6 +255,7 @@ class _Machine:
         b = self.p.blocks[i]
         batch = _batch(small["pc"])
         active = tf.equal(small["pc"], i)
+        shaped: dict = {}  # active, reshaped for wider values (see select)
         vals, sp = dict(small["vals"]), dict(small["sp"])
         overflow = small["overflow"]
         writes: dict[str, tuple] = {}
@@ -276,8 +277,9 @@ class _Machine:
                         temps[v] = new if when is None or v not in temps else select(
                             when, new, temps[v], f"{op.loc}: {v}")
                     else:
-                        vals[v] = select(active if when is None else active & when, new,
-                                         vals[v], f"{op.loc}: {v}")
+                        mask = active if when is None else active & when
+                        vals[v] = select(mask, new, vals[v], f"{op.loc}: {v}",
+                                         shaped if when is None else None)
             elif isinstance(op, ir.Push) and _pushes_pc(b.terminator):
                 # Caller-saves pushes sit in the block of the call they save around, so a
                 # variable's stack never holds more frames than the program-counter stack
@@ -300,7 +302,8 @@ class _Machine:
                     top = sp[v]
                 else:
                     top = sp[v] - 1
-                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v])
+                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v],
+                                 shaped=shaped)
             elif isinstance(op, ir.Update):
                 write(op.var, sp[op.var] - 1, active)
         pc, pc_sp = small["pc"], small["pc_sp"]
