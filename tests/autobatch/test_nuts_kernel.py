@@ -328,3 +328,39 @@ def test_random_streams_are_uniform_and_independent():
         assert abs(np.corrcoef(x, y)[0, 1]) < 4.5 / np.sqrt(len(u))
     z = nuts._normal(seeds[:2000], 10, tf.float64).numpy().ravel()
     assert abs(z.mean()) < 4.5 / np.sqrt(z.size) and abs(z.var() - 1) < 4.5 * np.sqrt(2 / z.size)
+
+
+def _np_hash(seed, counter):
+    """NumPy reference of the generator's hash (three MurmurHash3 finalizers, uint32 wrap)."""
+    def fmix(x):
+        x = x ^ (x >> np.uint32(16))
+        x = x * np.uint32(0x85EBCA6B)
+        x = x ^ (x >> np.uint32(13))
+        x = x * np.uint32(0xC2B2AE35)
+        return x ^ (x >> np.uint32(16))
+    key = seed.astype(np.int32).view(np.uint32)
+    k0, k1 = key[..., 0], key[..., 1]
+    while np.ndim(counter) > k0.ndim:
+        k0, k1 = k0[..., None], k1[..., None]
+    with np.errstate(over="ignore"):
+        x = fmix((counter * np.uint32(0x9E3779B9)) ^ k0)
+        x = fmix(x + k1)
+        return fmix(x ^ (k0 + np.uint32(0x7F4A7C15)))
+
+
+def test_random_bits_match_a_numpy_reference():
+    """Split seeds, uniforms and normals are exactly the documented hash of the seed (any
+    rewrite of the generator must keep every draw's bits)."""
+    seeds = np.random.default_rng(7).integers(-2**31, 2**31, size=(50, 2)).astype(np.int32)
+    got = nuts._split(tf.constant(seeds), 3)
+    bits = _np_hash(seeds, np.arange(6, dtype=np.uint32)[None, :]).view(np.int32)
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g.numpy(), bits[:, 2 * i:2 * i + 2])
+    u = (((_np_hash(seeds, np.uint32(1 << 31)) >> np.uint32(8)).astype(np.float64) + 0.5)
+         * 2.0 ** -24)
+    np.testing.assert_array_equal(nuts._uniform(tf.constant(seeds), tf.float64).numpy(), u)
+    idx = np.arange(1, 5, dtype=np.uint32)[None, :]
+    u1, u2 = (((_np_hash(seeds, 2 * idx + j + np.uint32(1 << 31)) >> np.uint32(8))
+               .astype(np.float64) + 0.5) * 2.0 ** -24 for j in (0, 1))
+    np.testing.assert_allclose(nuts._normal(tf.constant(seeds), 4, tf.float64).numpy(),
+                               np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2), rtol=1e-12)

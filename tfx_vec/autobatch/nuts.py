@@ -80,49 +80,58 @@ _SPLIT_DOMAIN = 0          # counters 2i, 2i+1 give child seed i
 _UNIFORM_DOMAIN = 1 << 31  # counters with the top bit set give uniforms/normals
 
 
-def _fmix32(x: tf.Tensor) -> tf.Tensor:
-    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche."""
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
-    x = x * tf.constant(0x85EBCA6B, tf.uint32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(13, tf.uint32)))
-    x = x * tf.constant(0xC2B2AE35, tf.uint32)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+def _fmix32(x: tf.Tensor, c: dict) -> tf.Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche (``c``: the
+    constants of :func:`_hash_constants`)."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
+    x = x * c[0x85EBCA6B]
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[13]))
+    x = x * c[0xC2B2AE35]
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
+
+
+def _hash_constants() -> dict:
+    """The hash's uint32 constants, each made once per hash (a primitive is traced twice, and
+    a constant per use was a third of the hash's operations)."""
+    return {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9,
+                                                   0x7F4A7C15)}
 
 
 def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
     """uint32 hash of an int32 seed ``[..., 2]`` (broadcast against) a uint32 ``counter``."""
-    key = tf.bitcast(seed, tf.uint32)
-    k0, k1 = key[..., 0], key[..., 1]
+    c = _hash_constants()
+    k0, k1 = tf.unstack(tf.bitcast(seed, tf.uint32), axis=-1)
     while counter.shape.rank > k0.shape.rank:
-        k0, k1 = k0[..., None], k1[..., None]
-    x = _fmix32(tf.bitwise.bitwise_xor(counter * tf.constant(0x9E3779B9, tf.uint32), k0))
-    x = _fmix32(x + k1)
-    return _fmix32(tf.bitwise.bitwise_xor(x, k0 + tf.constant(0x7F4A7C15, tf.uint32)))
+        k0, k1 = tf.expand_dims(k0, -1), tf.expand_dims(k1, -1)
+    x = _fmix32(tf.bitwise.bitwise_xor(counter * c[0x9E3779B9], k0), c)
+    x = _fmix32(x + k1, c)
+    return _fmix32(tf.bitwise.bitwise_xor(x, k0 + c[0x7F4A7C15]), c)
 
 
 def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
     """``n`` independent int32 seeds ``[..., 2]`` from one (one vectorized hash)."""
-    counters = tf.constant(np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n), tf.uint32)
-    bits = _hash(seed, counters[(None,) * (seed.shape.rank - 1)])   # [..., 2n]
-    pairs = tf.bitcast(bits, tf.int32)
-    return [pairs[..., 2 * i:2 * i + 2] for i in range(n)]
+    counters = np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n).reshape(
+        (1,) * (seed.shape.rank - 1) + (2 * n,))
+    bits = _hash(seed, tf.constant(counters, tf.uint32))   # [..., 2n]
+    return tf.split(tf.bitcast(bits, tf.int32), n, axis=-1)
 
 
-def _uniforms(seed: tf.Tensor, counter: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """Uniforms in the open interval (0, 1), 24 random bits each."""
-    bits = tf.bitwise.right_shift(_hash(seed, counter + tf.constant(_UNIFORM_DOMAIN, tf.uint32)),
-                                  tf.constant(8, tf.uint32))
+def _uniforms(seed: tf.Tensor, counter: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """Uniforms in the open interval (0, 1), 24 random bits each (``counter``: a uint32 array,
+    broadcast against the seeds' batch shape)."""
+    domain = np.asarray(counter, np.uint32) + np.uint32(_UNIFORM_DOMAIN)
+    bits = tf.bitwise.right_shift(_hash(seed, tf.constant(domain)), tf.constant(8, tf.uint32))
     return (tf.cast(bits, dtype) + 0.5) * (2.0 ** -24)
 
 
 def _uniform(seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """One uniform per chain: seed ``[B, 2]`` -> ``[B]``."""
-    return _uniforms(seed, tf.constant(0, tf.uint32), dtype)
+    return _uniforms(seed, np.uint32(0), dtype)
 
 
 def _normal(seed: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
     """``dim`` standard normals per chain (Box-Muller): seed ``[B, 2]`` -> ``[B, dim]``."""
-    idx = tf.cast(tf.range(1, dim + 1), tf.uint32)[None, :]  # [1, dim] against seeds [B]
+    idx = np.arange(1, dim + 1, dtype=np.uint32)[None, :]  # [1, dim] against seeds [B]
     u1 = _uniforms(seed, 2 * idx, dtype)
     u2 = _uniforms(seed, 2 * idx + 1, dtype)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)

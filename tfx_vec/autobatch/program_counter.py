@@ -84,12 +84,21 @@ def _batch(t: tf.Tensor) -> Any:
     return leading(t.shape) if leading(t.shape) is not None else tf.shape(t)[0]
 
 
+# Static shapes, where known, stand in for tf.shape arithmetic: the same values, a third of the
+# operations to trace (a loop step's stack reads and writes are most of its graph).
+
 def _flat_index(slot: tf.Tensor) -> tf.Tensor:
-    batch = tf.shape(slot)[0]
+    batch = _batch(slot)
     return slot * batch + tf.range(batch)
 
 
+def _shape_of(s: tf.Tensor) -> Any:
+    return s.shape.as_list() if s.shape.is_fully_defined() else tf.shape(s)
+
+
 def _flat(s: tf.Tensor) -> tf.Tensor:
+    if s.shape[2:].is_fully_defined():
+        return tf.reshape(s, [-1] + s.shape[2:].as_list())
     return tf.reshape(s, tf.concat([[-1], tf.shape(s)[2:]], 0))
 
 
@@ -108,7 +117,8 @@ def _apply_write(stack: Any, write: tuple) -> Any:
 
     def leaf(s, v):
         idx = _flat_index(tf.where(mask, slot, s.shape[0] - 1))
-        return tf.reshape(tf.tensor_scatter_nd_update(_flat(s), idx[:, None], v), tf.shape(s))
+        new = tf.tensor_scatter_nd_update(_flat(s), tf.expand_dims(idx, 1), v)
+        return tf.reshape(new, _shape_of(s))
     return tf.nest.map_structure(leaf, stack, value)
 
 # }}}
@@ -205,21 +215,31 @@ class _Machine:
 
     def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
+        shared: dict[tuple, tf.Tensor] = {}
+
+        def zeros(spec, lead=()):
+            """Zeros of ``spec``, one tensor per shape and dtype (fewer operations to trace)."""
+            def leaf(s):
+                key = (tuple(lead), tuple(s.shape.as_list()[1:]), s.dtype)
+                if key not in shared:
+                    shared[key] = zeros_of(s, batch, lead)
+                return shared[key]
+            return tf.nest.map_structure(leaf, spec)
         small = {
             "pc": tf.fill([batch], self.p.entries[self.p.main]),
             "pc_sp": tf.ones([batch], tf.int32),
             "overflow": tf.zeros([batch], tf.bool),
             "runs": tf.zeros([self.halt], tf.int32),
             "members": tf.zeros([self.halt], tf.int32),
-            "vals": {v: zeros_of(self.types[v], batch) for v in self.registers + self.stacks},
-            "sp": {v: tf.zeros([batch], tf.int32) for v in self.stacks},
+            "vals": {v: zeros(self.types[v]) for v in self.registers + self.stacks},
+            "sp": {v: zeros(tf.TensorSpec([None], tf.int32)) for v in self.stacks},
         }
         for v, a in zip(self.p.params, args):
             small["vals"][v] = tf.nest.map_structure(
                 lambda x, s: fit(x, s, batch), a, self.types[v])
         pc_stack = tf.concat([tf.fill([1, batch], self.halt),
                               tf.zeros([d + 1, batch], tf.int32)], axis=0)
-        stacks = {v: zeros_of(self.types[v], batch, [d + 1]) for v in self.stacks}
+        stacks = {v: zeros(self.types[v], [d + 1]) for v in self.stacks}
         return small, {"pc_stack": pc_stack, "stack": stacks}
 
     def _no_write(self, v: str | None, batch: int) -> tuple:
@@ -235,6 +255,7 @@ class _Machine:
         b = self.p.blocks[i]
         batch = _batch(small["pc"])
         active = tf.equal(small["pc"], i)
+        shaped: dict = {}  # active, reshaped for wider values (see select)
         vals, sp = dict(small["vals"]), dict(small["sp"])
         overflow = small["overflow"]
         writes: dict[str, tuple] = {}
@@ -256,8 +277,9 @@ class _Machine:
                         temps[v] = new if when is None or v not in temps else select(
                             when, new, temps[v], f"{op.loc}: {v}")
                     else:
-                        vals[v] = select(active if when is None else active & when, new,
-                                         vals[v], f"{op.loc}: {v}")
+                        mask = active if when is None else active & when
+                        vals[v] = select(mask, new, vals[v], f"{op.loc}: {v}",
+                                         shaped if when is None else None)
             elif isinstance(op, ir.Push) and _pushes_pc(b.terminator):
                 # Caller-saves pushes sit in the block of the call they save around, so a
                 # variable's stack never holds more frames than the program-counter stack
@@ -280,7 +302,8 @@ class _Machine:
                     top = sp[v]
                 else:
                     top = sp[v] - 1
-                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v])
+                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v],
+                                 shaped=shaped)
             elif isinstance(op, ir.Update):
                 write(op.var, sp[op.var] - 1, active)
         pc, pc_sp = small["pc"], small["pc_sp"]

@@ -150,11 +150,19 @@ def _failing_line(prim: ir.Primitive, e: BaseException) -> str:
     return f"{filename}:{line}: `{text}`"
 
 
-def select(mask: tf.Tensor, new: Any, old: Any, what: str = "") -> Any:
-    """Per member: ``new`` where ``mask`` else ``old`` (structures of batched tensors)."""
+def select(mask: tf.Tensor, new: Any, old: Any, what: str = "",
+           shaped: dict | None = None) -> Any:
+    """Per member: ``new`` where ``mask`` else ``old`` (structures of batched tensors).
+    ``shaped``: the mask reshaped for wider values, by rank, kept between calls with the same
+    mask (a block selects most of its variables with one mask: one reshape to trace each)."""
     def leaf(n, o):
         n = tf.convert_to_tensor(n)
-        return tf.where(tf.reshape(mask, [-1] + [1] * (n.shape.rank - 1)), n, o)
+        if n.shape.rank == mask.shape.rank:  # nothing to reshape
+            return tf.where(mask, n, o)
+        cache = {} if shaped is None else shaped
+        if n.shape.rank not in cache:
+            cache[n.shape.rank] = tf.reshape(mask, [-1] + [1] * (n.shape.rank - 1))
+        return tf.where(cache[n.shape.rank], n, o)
     try:
         return tf.nest.map_structure(leaf, new, old)
     except (ValueError, TypeError) as e:
