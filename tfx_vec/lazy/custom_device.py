@@ -657,10 +657,6 @@ def _from_device(payload: Any) -> tf.Tensor:
     runtime.check_no_strategy("a lazy tensor was read")
     if type(payload) is DeviceVariable:
         return payload.flush(f"variable {payload.name!r} read off the lazy device")
-    if not payload._pending() or payload._node.op == "var":
-        # computed already (a loss read after the barrier), or a variable's current value:
-        # no program to run (what force() does), so no cause to name (a stack walk)
-        return runtime._eager(payload)
     # tf.function captures a small eager tensor by value when it traces: so does this.
-    return force(payload, f"value read at {runtime.user_frame()}")
+    return force(payload, lambda: f"value read at {runtime.user_frame()}")
 # }}}

@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -373,11 +373,12 @@ def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
     return force(t, cause)
 
 
-def force(t: LazyTensor, cause: str) -> tf.Tensor:
-    """The host value of ``t``, computing pending work first (a barrier)."""
+def force(t: LazyTensor, cause: str | Callable[[], str]) -> tf.Tensor:
+    """The host value of ``t``, computing pending work first (a barrier).  ``cause`` names the
+    barrier; a callable is called only when one runs (a call site costs a stack walk)."""
     if t._pending() and t._node.op != "var":  # a variable's current value needs no program
         metrics.bump("forced")
-        runtime.barrier(cause)
+        runtime.barrier(cause if isinstance(cause, str) else cause())
     return runtime._eager(t)
 
 
