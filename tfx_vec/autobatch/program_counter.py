@@ -92,6 +92,21 @@ def _flat_index(slot: tf.Tensor) -> tf.Tensor:
     return slot * batch + tf.range(batch)
 
 
+class _Memo:
+    """Values computed once per key of tensors (compared by identity) within one block: the
+    stack variables of a group share one stack pointer (see ``_Machine.sp_groups``), so their
+    pointer arithmetic and flat indices are the same computation, built once."""
+
+    def __init__(self):
+        self.done: dict[tuple, Any] = {}
+
+    def __call__(self, tag: str, inputs: tuple, fn: Callable[[], Any]) -> Any:
+        key = (tag, *(x if isinstance(x, int) else id(x) for x in inputs))
+        if key not in self.done:
+            self.done[key] = (inputs, fn())  # the inputs kept alive: their ids stay unique
+        return self.done[key][1]
+
+
 def _shape_of(s: tf.Tensor) -> Any:
     return s.shape.as_list() if s.shape.is_fully_defined() else tf.shape(s)
 
@@ -102,21 +117,25 @@ def _flat(s: tf.Tensor) -> tf.Tensor:
     return tf.reshape(s, tf.concat([[-1], tf.shape(s)[2:]], 0))
 
 
-def _read_slot(stack: Any, sp: tf.Tensor, depth: int) -> Any:
-    idx = _flat_index(tf.clip_by_value(sp, 0, depth - 1))
+def _read_slot(stack: Any, sp: tf.Tensor, depth: int, memo: _Memo | None = None) -> Any:
+    memo = memo or _Memo()
+    idx = memo("read", (sp, depth), lambda: _flat_index(tf.clip_by_value(sp, 0, depth - 1)))
     return tf.nest.map_structure(lambda s: tf.gather(_flat(s), idx), stack)
 
 
-def _apply_write(stack: Any, write: tuple) -> Any:
+def _apply_write(stack: Any, write: tuple, memo: _Memo | None = None) -> Any:
     """One deferred write: ``stack[slot[b], b] = value[b]`` where ``mask[b]``.
 
     Stacks carry one junk slot (the last): members that do not write scatter there, so the
     write is one unconditional O(batch) scatter.
     """
     slot, mask, value = write
+    memo = memo or _Memo()
 
     def leaf(s, v):
-        idx = _flat_index(tf.where(mask, slot, s.shape[0] - 1))
+        junk = s.shape[0] - 1
+        idx = memo("write", (slot, mask, junk),
+                   lambda: _flat_index(tf.where(mask, slot, junk)))
         new = tf.tensor_scatter_nd_update(_flat(s), tf.expand_dims(idx, 1), v)
         return tf.reshape(new, _shape_of(s))
     return tf.nest.map_structure(leaf, stack, value)
@@ -212,6 +231,22 @@ class _Machine:
             if v not in types:
                 raise TypeInferenceError(f"variable {v!r} has no type: it is read before any "
                                          "assignment on every path")
+        self.sp_of = self.sp_groups()
+
+    def sp_groups(self) -> dict[str, str]:
+        """Each stack variable -> the variable whose stack pointer it shares.  Variables pushed
+        and popped in the same blocks, in the same order of pushes and pops, have equal stack
+        pointers at every step (all start at 0, and every block moves them alike), so the
+        state carries one pointer per group (NUTS: 3 instead of 17), and a block computes its
+        pointer arithmetic and flat indices once per group, not per variable (fewer
+        operations to trace, and fewer kernels for XLA to compile)."""
+        moves: dict[str, list] = {v: [] for v in self.stacks}
+        for i, b in enumerate(self.p.blocks):
+            for op in b.ops:
+                if isinstance(op, (ir.Push, ir.Pop)):
+                    moves[op.var].append((i, type(op).__name__))
+        first: dict[tuple, str] = {}
+        return {v: first.setdefault(tuple(moves[v]), v) for v in self.stacks}
 
     def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
@@ -232,7 +267,8 @@ class _Machine:
             "runs": tf.zeros([self.halt], tf.int32),
             "members": tf.zeros([self.halt], tf.int32),
             "vals": {v: zeros(self.types[v]) for v in self.registers + self.stacks},
-            "sp": {v: zeros(tf.TensorSpec([None], tf.int32)) for v in self.stacks},
+            "sp": {g: zeros(tf.TensorSpec([None], tf.int32))
+                   for g in dict.fromkeys(self.sp_of.values())},
         }
         for v, a in zip(self.p.params, args):
             small["vals"][v] = tf.nest.map_structure(
@@ -251,12 +287,19 @@ class _Machine:
         return {"pc_stack": self._no_write(None, batch),
                 "stack": {v: self._no_write(v, batch) for v in self.stacks}}
 
-    def block(self, i: int, small: dict, big: dict) -> tuple[dict, dict]:
+    def block(self, i: int, small: dict, big: dict,
+              chosen: tf.Tensor | None = None) -> tuple[dict, dict]:
+        """Block ``i`` for the members waiting at it; ``chosen``: a scalar tensor equal to
+        ``i`` wherever the block runs (the scheduler's pick), compared against instead of the
+        constant ``i``, so that XLA compiles the selects of blocks alike in shape once (the
+        constant would make every block's kernels distinct)."""
         b = self.p.blocks[i]
         batch = _batch(small["pc"])
-        active = tf.equal(small["pc"], i)
+        active = tf.equal(small["pc"], i if chosen is None else chosen)
         shaped: dict = {}  # active, reshaped for wider values (see select)
-        vals, sp = dict(small["vals"]), dict(small["sp"])
+        vals = dict(small["vals"])
+        sp = {v: small["sp"][g] for v, g in self.sp_of.items()}  # per variable, shared in groups
+        memo, flagged = _Memo(), set()
         overflow = small["overflow"]
         writes: dict[str, tuple] = {}
         temps: dict[str, Any] = {}
@@ -286,26 +329,30 @@ class _Machine:
                 # (sp[v] <= pc_sp - 1): when the call's push fits, so does this one, and when
                 # it does not, sp[v] <= depth is the junk slot and the call's check flags the
                 # member.  Not checking here saves fib 5-9% per call.
-                v = op.var
-                write(v, sp[v], active)
-                sp[v] = sp[v] + tf.cast(active, tf.int32)
+                v, old = op.var, sp[op.var]
+                write(v, old, active)
+                sp[v] = memo("push", (old,), lambda: old + tf.cast(active, tf.int32))
             elif isinstance(op, ir.Push):
-                v = op.var
-                fits = sp[v] < self.depth
-                overflow = overflow | (active & ~fits)
-                write(v, sp[v], active & fits)
-                sp[v] = sp[v] + tf.cast(active & fits, tf.int32)
+                v, old = op.var, sp[op.var]
+                fits = memo("fits", (old,), lambda: old < self.depth)
+                if id(fits) not in flagged:  # once per group
+                    flagged.add(id(fits))
+                    overflow = overflow | (active & ~fits)
+                ok = memo("ok", (fits,), lambda: active & fits)
+                write(v, old, ok)
+                sp[v] = memo("push", (old, ok), lambda: old + tf.cast(ok, tf.int32))
             elif isinstance(op, (ir.Pop, ir.Peek)):
-                v = op.var
+                v, old = op.var, sp[op.var]
                 if isinstance(op, ir.Pop):
-                    sp[v] = sp[v] - tf.cast(active, tf.int32)
+                    sp[v] = memo("pop", (old,), lambda: old - tf.cast(active, tf.int32))
                     top = sp[v]
                 else:
-                    top = sp[v] - 1
-                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth), vals[v],
-                                 shaped=shaped)
+                    top = memo("top", (old,), lambda: old - 1)
+                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth, memo),
+                                 vals[v], shaped=shaped)
             elif isinstance(op, ir.Update):
-                write(op.var, sp[op.var] - 1, active)
+                old = sp[op.var]
+                write(op.var, memo("top", (old,), lambda: old - 1), active)
         pc, pc_sp = small["pc"], small["pc_sp"]
         pc_write = None
         t = b.terminator
@@ -330,7 +377,10 @@ class _Machine:
             pc = tf.where(active, _read_slot(big["pc_stack"], pc_sp, self.depth + 1), pc)
         if any(isinstance(op, ir.Push) for op in b.ops) or _pushes_pc(t):
             pc = tf.where(overflow, self.halt, pc)  # only these can overflow
-        return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals, "sp": sp,
+        for v, g in self.sp_of.items():
+            assert sp[v] is sp[g], f"stack pointers of {v!r} and {g!r} diverged"
+        return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals,
+                 "sp": {g: sp[g] for g in small["sp"]},
                  "runs": small["runs"], "members": small["members"]},
                 {"pc_stack": pc_write, "stack": writes})
 
@@ -363,7 +413,7 @@ class _Machine:
                 if isinstance(op, ir.Primitive):
                     vals.update(v for v in op.outputs if self.p.allocation[v] != ir.TEMPORARY)
                 elif isinstance(op, (ir.Push, ir.Pop)):
-                    sps.add(op.var)
+                    sps.add(self.sp_of[op.var])
                 if isinstance(op, (ir.Pop, ir.Peek)):
                     vals.add(op.var)
             if _pushes_pc(t) or (isinstance(t, ir.Return) and t.target is None):
@@ -427,9 +477,9 @@ class _Machine:
             small, big = self.resumed(args, batch, machine, refresh)
 
         def apply(big, writes):
-            stack = dict(big["stack"])
+            stack, memo = dict(big["stack"]), _Memo()
             for v, w in writes["stack"].items():
-                stack[v] = _apply_write(stack[v], w)
+                stack[v] = _apply_write(stack[v], w, memo)
             pc_stack = big["pc_stack"]
             if writes["pc_stack"] is not None:
                 pc_stack = _apply_write(pc_stack, writes["pc_stack"])
@@ -470,7 +520,7 @@ class _Machine:
                     "stack": {v: maybe(v, big["stack"][v], writes["stack"][v])
                               for v in self.stacks}}
 
-        def guarded(i, small, big, runs):
+        def guarded(i, small, big, runs, chosen=None):
             """Block ``i`` for the members waiting at it, only where ``runs(pc)`` (a scalar)
             holds.  Under XLA a loop of 0 or 1 trips that carries just what the block can
             change (``changes_of``) and the stacks it writes, its stack writes applied inside:
@@ -492,7 +542,7 @@ class _Machine:
 
             def once(go, changed, stacks):
                 whole = _merge_big(big, stacks)
-                new, writes = self.block(i, _merge(small, changed), whole)
+                new, writes = self.block(i, _merge(small, changed), whole, chosen)
                 return tf.constant(False), part(new), _big_part(apply(whole, writes), keys)
             # the predicate is computed once, outside: the loop's condition is evaluated twice
             # (enter, then exit) and must not reduce over the batch both times; the body
@@ -519,7 +569,7 @@ class _Machine:
             small = count(small, nxt)
             if loop_guards:  # each block guarded: only the chosen one runs, in place
                 for i in in_loop:
-                    small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i))
+                    small, big = guarded(i, small, big, lambda pc, i=i: tf.equal(nxt, i), nxt)
                 return steps + 1, small, big
             part = self.changes_of(*range(self.halt))
             changed, writes = _switch_case(nxt, [
