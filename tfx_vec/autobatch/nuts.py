@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -90,11 +91,21 @@ def _fmix32(x: tf.Tensor, c: dict) -> tf.Tensor:
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
 
 
+_CONSTANTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
 def _hash_constants() -> dict:
-    """The hash's uint32 constants, each made once per hash (a primitive is traced twice, and
-    a constant per use was a third of the hash's operations)."""
-    return {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9,
-                                                   0x7F4A7C15)}
+    """The hash's uint32 constants, made once per graph (a block traces several hashes in one
+    graph; a constant per use was a third of the hash's operations).  Only the graph that made
+    them uses them: a constant from an enclosing graph would be captured as a loop input."""
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    if graph is None or graph not in _CONSTANTS:
+        made = {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35,
+                                                       0x9E3779B9, 0x7F4A7C15)}
+        if graph is None:
+            return made
+        _CONSTANTS[graph] = made
+    return _CONSTANTS[graph]
 
 
 def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
@@ -132,8 +143,9 @@ def _uniform(seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 def _normal(seed: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
     """``dim`` standard normals per chain (Box-Muller): seed ``[B, 2]`` -> ``[B, dim]``."""
     idx = np.arange(1, dim + 1, dtype=np.uint32)[None, :]  # [1, dim] against seeds [B]
-    u1 = _uniforms(seed, 2 * idx, dtype)
-    u2 = _uniforms(seed, 2 * idx + 1, dtype)
+    # one hash for both halves: the bits are elementwise in the counter, the same as two
+    u1, u2 = tf.split(_uniforms(seed, np.concatenate([2 * idx, 2 * idx + 1], axis=-1), dtype),
+                      2, axis=-1)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
 
 
