@@ -87,15 +87,11 @@ def _batch(t: tf.Tensor) -> Any:
 # Static shapes, where known, stand in for tf.shape arithmetic: the same values, a third of the
 # operations to trace (a loop step's stack reads and writes are most of its graph).
 
-def _flat_index(slot: tf.Tensor) -> tf.Tensor:
-    batch = _batch(slot)
-    return slot * batch + tf.range(batch)
-
-
 class _Memo:
     """Values computed once per key of tensors (compared by identity) within one block: the
     stack variables of a group share one stack pointer (see ``_Machine.sp_groups``), so their
-    pointer arithmetic and flat indices are the same computation, built once."""
+    pointer arithmetic and flat indices are the same computation, built once; so is the
+    ``range(batch)`` of the flat indices."""
 
     def __init__(self):
         self.done: dict[tuple, Any] = {}
@@ -105,6 +101,11 @@ class _Memo:
         if key not in self.done:
             self.done[key] = (inputs, fn())  # the inputs kept alive: their ids stay unique
         return self.done[key][1]
+
+
+def _flat_index(slot: tf.Tensor, memo: _Memo) -> tf.Tensor:
+    batch = _batch(slot)
+    return slot * batch + memo("members", (batch,), lambda: tf.range(batch))
 
 
 def _shape_of(s: tf.Tensor) -> Any:
@@ -119,7 +120,7 @@ def _flat(s: tf.Tensor) -> tf.Tensor:
 
 def _read_slot(stack: Any, sp: tf.Tensor, depth: int, memo: _Memo | None = None) -> Any:
     memo = memo or _Memo()
-    idx = memo("read", (sp, depth), lambda: _flat_index(tf.clip_by_value(sp, 0, depth - 1)))
+    idx = memo("read", (sp, depth), lambda: _flat_index(tf.clip_by_value(sp, 0, depth - 1), memo))
     return tf.nest.map_structure(lambda s: tf.gather(_flat(s), idx), stack)
 
 
@@ -135,7 +136,7 @@ def _apply_write(stack: Any, write: tuple, memo: _Memo | None = None) -> Any:
     def leaf(s, v):
         junk = s.shape[0] - 1
         idx = memo("write", (slot, mask, junk),
-                   lambda: _flat_index(tf.where(mask, slot, junk)))
+                   lambda: _flat_index(tf.where(mask, slot, junk), memo))
         new = tf.tensor_scatter_nd_update(_flat(s), tf.expand_dims(idx, 1), v)
         return tf.reshape(new, _shape_of(s))
     return tf.nest.map_structure(leaf, stack, value)
