@@ -144,74 +144,6 @@ def _apply_write(stack: Any, write: tuple, memo: _Memo | None = None) -> Any:
 # }}}
 
 
-_WORDS = (tf.float32, tf.int32, tf.uint32, tf.bool)  # stored as int32 words in a packed stack
-
-
-class _Pack:
-    """Stack variables stored in one stack.  Variables written and moved alike (the same
-    pushes, pops and updates in the same blocks: always one slot, one mask) whose leaves are
-    all 32-bit or bool with static shapes share one int32 ``[D + 1, B, width]`` stack, each
-    leaf bit-cast into its own columns: one scatter per push instead of one per variable (an
-    XLA kernel each, compiled separately, and a loop variable each).  Any other variable is a
-    pack of its own, stored as it is.
-
-    Example:
-        >>> p = _Pack(["a", "b"], {"a": tf.TensorSpec([None, 2], tf.float32),
-        ...                        "b": tf.TensorSpec([None], tf.bool)})
-        >>> row = p.pack([tf.constant([[1.5, -2.0]]), tf.constant([True])])
-        >>> row.shape.as_list(), p.unpack(row, "a").numpy().tolist(), p.unpack(row, "b").numpy()
-        ([1, 3], [[1.5, -2.0]], array([ True]))
-    """
-
-    def __init__(self, variables: Sequence[str], types: Mapping[str, Any]):
-        self.vars, self.types = list(variables), types
-        self.words = len(self.vars) > 1
-        self.columns: dict[str, list[tuple[int, list[int], tf.DType]]] = {}
-        width = 0
-        for v in self.vars if self.words else ():
-            self.columns[v] = []
-            for spec in tf.nest.flatten(types[v]):
-                shape = spec.shape.as_list()[1:]
-                self.columns[v].append((width, shape, spec.dtype))
-                width += int(np.prod(shape, dtype=np.int64))
-        self.width = width
-
-    @staticmethod
-    def packable(spec: Any) -> bool:
-        """Can a variable of type ``spec`` share an int32 stack (see the class)?"""
-        return all(s.dtype in _WORDS and s.shape[1:].is_fully_defined()
-                   for s in tf.nest.flatten(spec))
-
-    def zeros_spec(self) -> Any:
-        """The type of one stack slot: ``[B, width]`` int32, or the variable's own."""
-        return tf.TensorSpec([None, self.width], tf.int32) if self.words else \
-            self.types[self.vars[0]]
-
-    def pack(self, values: Sequence[Any]) -> Any:
-        """The variables' values (in ``vars`` order) as one slot row."""
-        if not self.words:
-            return values[0]
-
-        def word(x):
-            x = tf.cast(x, tf.int32) if x.dtype in (tf.bool, tf.int32) else \
-                tf.bitcast(x, tf.int32)
-            return tf.reshape(x, [-1, int(np.prod(x.shape[1:].as_list(), dtype=np.int64))])
-        return tf.concat([word(x) for v in values for x in tf.nest.flatten(v)], axis=1)
-
-    def unpack(self, row: Any, v: str) -> Any:
-        """Variable ``v``'s value from a slot row."""
-        if not self.words:
-            return row
-
-        def leaf(start, shape, dtype):
-            x = tf.reshape(row[:, start:start + int(np.prod(shape, dtype=np.int64))],
-                           [-1] + shape)
-            if dtype == tf.bool:
-                return tf.not_equal(x, 0)
-            return x if dtype == tf.int32 else tf.bitcast(x, dtype)
-        return tf.nest.pack_sequence_as(self.types[v], [leaf(*c) for c in self.columns[v]])
-
-
 def _merge(small: dict, changed: dict) -> dict:
     """``small`` with the entries of ``changed`` (a sub-dict, see ``changes_of``) replaced."""
     return {**small, **{k: v for k, v in changed.items() if k not in ("vals", "sp")},
@@ -301,8 +233,6 @@ class _Machine:
                 raise TypeInferenceError(f"variable {v!r} has no type: it is read before any "
                                          "assignment on every path")
         self.sp_of = self.sp_groups()
-        self.packs = self.stack_packs()
-        self.pack_of = {v: name for name, pack in self.packs.items() for v in pack.vars}
 
     def sp_groups(self) -> dict[str, str]:
         """Each stack variable -> the variable whose stack pointer it shares.  Variables pushed
@@ -318,19 +248,6 @@ class _Machine:
                     moves[op.var].append((i, type(op).__name__))
         first: dict[tuple, str] = {}
         return {v: first.setdefault(tuple(moves[v]), v) for v in self.stacks}
-
-    def stack_packs(self) -> dict[str, _Pack]:
-        """The stacks, by name (a pack's first variable): see :class:`_Pack`."""
-        moves: dict[str, list] = {v: [] for v in self.stacks}
-        for i, b in enumerate(self.p.blocks):
-            for op in b.ops:
-                if isinstance(op, (ir.Push, ir.Pop, ir.Update)):
-                    moves[op.var].append((i, type(op).__name__))
-        groups: dict[tuple, list[str]] = {}
-        for v in self.stacks:
-            key = (tuple(moves[v]),) if _Pack.packable(self.types[v]) else (v,)
-            groups.setdefault(key, []).append(v)
-        return {vs[0]: _Pack(vs, self.types) for vs in groups.values()}
 
     def initial_state(self, args: Sequence[Any], batch: int) -> tuple[dict, dict]:
         d = self.depth
@@ -359,18 +276,17 @@ class _Machine:
                 lambda x, s: fit(x, s, batch), a, self.types[v])
         pc_stack = tf.concat([tf.fill([1, batch], self.halt),
                               tf.zeros([d + 1, batch], tf.int32)], axis=0)
-        stacks = {n: zeros(pack.zeros_spec(), [d + 1]) for n, pack in self.packs.items()}
+        stacks = {v: zeros(self.types[v], [d + 1]) for v in self.stacks}
         return small, {"pc_stack": pc_stack, "stack": stacks}
 
     def _no_write(self, v: str | None, batch: int) -> tuple:
-        value = tf.zeros([batch], tf.int32) if v is None else zeros_of(
-            self.packs[v].zeros_spec(), batch)
+        value = tf.zeros([batch], tf.int32) if v is None else zeros_of(self.types[v], batch)
         return tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool), value
 
     def no_writes(self, small: dict) -> dict:
         batch = _batch(small["pc"])
         return {"pc_stack": self._no_write(None, batch),
-                "stack": {n: self._no_write(n, batch) for n in self.packs}}
+                "stack": {v: self._no_write(v, batch) for v in self.stacks}}
 
     def block(self, i: int, small: dict, big: dict,
               chosen: tf.Tensor | None = None) -> tuple[dict, dict]:
@@ -433,11 +349,8 @@ class _Machine:
                     top = sp[v]
                 else:
                     top = memo("top", (old,), lambda: old - 1)
-                name = self.pack_of[v]
-                row = memo("row", (name, top), lambda: _read_slot(big["stack"][name], top,
-                                                                   self.depth, memo))
-                vals[v] = select(active, self.packs[name].unpack(row, v), vals[v],
-                                 shaped=shaped)
+                vals[v] = select(active, _read_slot(big["stack"][v], top, self.depth, memo),
+                                 vals[v], shaped=shaped)
             elif isinstance(op, ir.Update):
                 old = sp[op.var]
                 write(op.var, memo("top", (old,), lambda: old - 1), active)
@@ -470,20 +383,7 @@ class _Machine:
         return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals,
                  "sp": {g: sp[g] for g in small["sp"]},
                  "runs": small["runs"], "members": small["members"]},
-                {"pc_stack": pc_write, "stack": self.packed_writes(writes)})
-
-    def packed_writes(self, writes: dict[str, tuple]) -> dict[str, tuple]:
-        """A block's writes by variable as writes by stack (one per pack: its variables are
-        written together, with the same slot and mask; see :meth:`stack_packs`)."""
-        out = {}
-        for name, pack in self.packs.items():
-            ws = [writes[v] for v in pack.vars if v in writes]
-            if ws:
-                assert len(ws) == len(pack.vars) and all(
-                    w[0] is ws[0][0] and w[1] is ws[0][1] for w in ws), \
-                    f"the variables of stack {name!r} were not written together"
-                out[name] = (ws[0][0], ws[0][1], pack.pack([w[2] for w in ws]))
-        return out
+                {"pc_stack": pc_write, "stack": writes})
 
     def worth_guarding(self, i: int) -> bool:
         """Should ``sweep_guarded`` put block ``i`` behind a guard (a ``tf.cond``; under XLA
@@ -526,16 +426,16 @@ class _Machine:
                           "sp": {v: s["sp"][v] for v in sps}}
 
     def writes_of(self, i: int) -> tuple[bool, tuple[str, ...]]:
-        """Statically: does block ``i`` write the pc stack, and which stacks (packs)."""
+        """Statically: does block ``i`` write the pc stack, and which variable stacks."""
         b = self.p.blocks[i]
         return (_pushes_pc(b.terminator),
-                tuple(dict.fromkeys(self.pack_of[op.var] for op in b.ops
+                tuple(dict.fromkeys(op.var for op in b.ops
                                     if isinstance(op, (ir.Push, ir.Update)))))
 
     def uniform(self, small: dict, writes: dict, keys: tuple | None = None) -> dict:
         """Writes for ``keys`` (default: every stack), non-writers masked off: the same
         structure from every branch of a conditional."""
-        pc_key, stacks = keys if keys is not None else (True, tuple(self.packs))
+        pc_key, stacks = keys if keys is not None else (True, tuple(self.stacks))
         none = self.no_writes(small)
         return {"pc_stack": (writes["pc_stack"] or none["pc_stack"]) if pc_key else None,
                 "stack": {v: writes["stack"].get(v, none["stack"][v]) for v in stacks}}
@@ -607,7 +507,7 @@ class _Machine:
         loop_guards = xla and any(self.worth_guarding(i) for i in range(self.halt))
         writers = {None: [i for i in range(self.halt) if self.writes_of(i)[0]]}
         writers.update({v: [i for i in range(self.halt) if v in self.writes_of(i)[1]]
-                        for v in self.packs})
+                        for v in self.stacks})
 
         def apply_if_written(nxt, big, writes):
             """Scatter the chosen block's writes into the stacks it writes (a TF graph: a
@@ -619,7 +519,7 @@ class _Machine:
                 return tf.cond(ran, lambda: _apply_write(stack, write), lambda: stack)
             return {"pc_stack": maybe(None, big["pc_stack"], writes["pc_stack"]),
                     "stack": {v: maybe(v, big["stack"][v], writes["stack"][v])
-                              for v in self.packs}}
+                              for v in self.stacks}}
 
         def guarded(i, small, big, runs, chosen=None):
             """Block ``i`` for the members waiting at it, only where ``runs(pc)`` (a scalar)
