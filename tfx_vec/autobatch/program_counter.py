@@ -5,7 +5,8 @@ one most members wait at) and runs that block, compiled with its index static.  
 the program counter (cached top, ``[D + 2, B]`` stack and per-member stack pointer), one
 ``[B, ...]`` value per register, and for every stack variable a cached top, a
 ``[D + 1, B, ...]`` stack (the last slot is a junk slot for members that do not write) and
-per-member stack pointers.  Temporaries live only inside a block.  Dispatch: in a TF graph a
+per-member stack pointers (one for each group of variables pushed and popped together).
+Temporaries live only inside a block.  Dispatch: in a TF graph a
 ``tf.switch_case`` (the stacks written after it, behind a ``tf.cond``); under XLA, where a
 conditional copies every one of its outputs each step, each block sits in a loop of 0 or 1
 trips that carries only what it changes and updates its stacks in place (scalar-only programs
