@@ -141,7 +141,6 @@ def _state_of(v: Any) -> Any:
 
 def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
     """(gradient nodes, variable states, tf.Variables, Keras variables) or a reason string."""
-    payload_of = _device.payload_of
     if not runtime.CONFIG.record_calls:
         return "lazy.configure(record_calls=False)"
     if not getattr(optimizer, "built", False) or trainable_variables is None:
@@ -150,8 +149,9 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
         return "a tape is recording"
     grads, kvars = list(grads), list(trainable_variables)
     nodes = []
+    payload, name = _device._native[0].payload, _device.DEVICE_NAME   # payload_of, inline
     for g in grads:
-        p = payload_of(g)   # None for anything but a device tensor
+        p = payload(g, name)   # None for anything but a device tensor
         if type(p) is not LazyTensor:
             return "a gradient that is not a lazy tensor"
         nodes.append(p._node)
