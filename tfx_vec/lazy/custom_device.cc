@@ -487,6 +487,7 @@ int SameItems(PyObject* iterable, PyObject* expected, Py_ssize_t* pos) {
     }
     return 1;
   }
+#if PY_VERSION_HEX < 0x030D0000   // _PySet_NextEntry is internal from Python 3.13
   if (PyAnySet_Check(iterable) && iter == PySet_Type.tp_iter) {
     Py_ssize_t it = 0;
     PyObject* key;
@@ -497,6 +498,7 @@ int SameItems(PyObject* iterable, PyObject* expected, Py_ssize_t* pos) {
     }
     return 1;
   }
+#endif
   PyObject* it = PyObject_GetIter(iterable);
   if (it == nullptr) return -1;
   int same = 1;
