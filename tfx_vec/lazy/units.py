@@ -173,7 +173,7 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
         return x
     if t is list or t is tuple:
         sig.append((t, len(x)))
-        return t(_template(i, tensors, sig) for i in x)
+        return t([_template(i, tensors, sig) for i in x])
     if t is dict:
         sig.append((dict, tuple(x)))
         return {k: _template(v, tensors, sig) for k, v in x.items()}
@@ -188,7 +188,7 @@ def _fill(template: Any, values: Any) -> Any:
         return next(values)
     t = type(template)
     if t is list or t is tuple:
-        return t(_fill(i, values) for i in template)
+        return t([_fill(i, values) for i in template])
     if t is dict:
         return {k: _fill(v, values) for k, v in template.items()}
     return template
@@ -406,6 +406,8 @@ def _variables_accessed(variables: list) -> None:
     """TensorFlow's ``tape.variables_accessed``: tell the tapes and variable watchers that the
     trainable ``variables`` were read.  With no ``tf.distribute`` strategy in scope its resolver
     maps each variable to itself, so the per-variable strategy lookup is skipped."""
+    if not variables:   # a loss or metric reads none: nothing to tell
+        return
     if _tape_module._variables_override is not \
             _distribute_lib.get_local_results_or_value_container or \
             _distribute_lib.has_strategy():
