@@ -92,23 +92,30 @@ def test_subtrees_built_in_one_block_give_the_recursions_draws(runtime):
 
 
 def test_subtree_depth_follows_the_gradients_cost():
-    """By default subtrees of depth 2 are built in one block where the gradient is cheap,
-    none elsewhere; a depth given is kept, up to the deepest subtree there is."""
+    """By default subtrees of depth 2 are built in one block where the gradient costs under
+    1000 operations per chain and dimension, none where it costs more or its cost is unknown;
+    a depth given is kept, up to the deepest subtree there is."""
     rng = np.random.default_rng(4)
-    x = tf.constant(rng.normal(size=(CHAINS, 3)).astype(np.float32))
+    dim = int(rng.integers(3, 8))
+    x = tf.constant(rng.normal(size=(CHAINS, dim)).astype(np.float32))
     spec = nuts._StateSpec([x], 1)
-    dense = tf.constant(rng.normal(size=(3, 3)).astype(np.float32))
 
     def depth(target, **kw):
         return NoUTurnSampler(target, 0.1, **kw)._subtree_depth(spec)
 
-    cheap = lambda x: -tf.reduce_sum(x * x, -1)
-    assert depth(cheap) == nuts.CHEAP_SUBTREE_DEPTH == 2
-    assert depth(cheap, unrolled_subtree_depth=1) == 1
-    assert depth(cheap, unrolled_subtree_depth=9, max_tree_depth=4) == 3
-    costly = lambda x: tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
-                                     (0, -tf.reduce_sum(x * tf.matmul(x, dense), -1)))[1]
-    assert depth(costly) == 0
+    def quadratic(size):   # about 8 * size operations per chain and dimension, gradient included
+        m = tf.constant(rng.normal(size=(dim, size)).astype(np.float32))
+        return lambda x: -tf.reduce_sum(tf.matmul(tf.matmul(x, m), tf.transpose(m)) * x, -1)
+
+    assert nuts.SUBTREE_DEPTH == 2 and nuts.SUBTREE_GRADIENT_FLOPS_PER_DIM == 1000
+    assert depth(quadratic(4)) == 2
+    assert depth(quadratic(50)) == 2    # a few hundred per dimension: still worth it
+    assert depth(quadratic(250)) == 0
+    assert depth(quadratic(4), unrolled_subtree_depth=1) == 1
+    assert depth(quadratic(4), unrolled_subtree_depth=9, max_tree_depth=4) == 3
+    looped = lambda x: tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
+                                     (0, -tf.reduce_sum(x * x, -1)))[1]
+    assert depth(looped) == 0
 
 
 def test_one_step_size_per_chain_matches_reference():

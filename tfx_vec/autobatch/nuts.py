@@ -264,11 +264,16 @@ def _leading(x: tf.Tensor) -> Any:
 # dimension for a 10-d Gaussian and eight schools, 410-4400 for dense Gaussians and a logistic
 # regression.
 CHEAP_GRADIENT_FLOPS_PER_DIM = 100
-# Subtrees of this depth are built in one block where the gradient is cheap (computing up to
-# 2**depth leapfrogs a chain may not need costs less than the recursion's loop steps): on eight
-# schools and a 10-d Gaussian at 1000 chains, 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3 slower
-# than 2 (its eleven merges' U-turn checks).
-CHEAP_SUBTREE_DEPTH = 2
+# Subtrees of SUBTREE_DEPTH are built in one block where the gradient costs under
+# SUBTREE_GRADIENT_FLOPS_PER_DIM: up to 2**depth leapfrogs a chain may not take (about five a
+# trajectory, more where subtrees stop early) against the recursion's loop steps for the
+# bottom of every subtree.  Measured at depth 0 / 1 / 2 / 3: eight schools and a 10-d Gaussian
+# (1000 chains) 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3 slower than 2 (its eleven merges'
+# U-turn checks); the 100-d dense Gaussian (410 per dimension) 1.09x with 1, 1.19x with 2; the
+# 500-d one (2000) the same with 2; the logistic regression (4400, short trajectories) 0.8x
+# with 2.
+SUBTREE_DEPTH = 2
+SUBTREE_GRADIENT_FLOPS_PER_DIM = 1000
 
 _MATMULS = {"MatMul": "transpose_a", "BatchMatMul": "adj_x", "BatchMatMulV2": "adj_x",
             "BatchMatMulV3": "adj_x"}
@@ -310,16 +315,15 @@ def _graph_flops(graph: tf.Graph) -> int | None:
     return total
 
 
-def _cheap_gradient(vg: Callable, chains: Any, dim: int, dtype: tf.DType) -> bool:
-    """Does one value-and-gradient (traced, not run) cost under
-    ``CHEAP_GRADIENT_FLOPS_PER_DIM`` operations per chain and dimension?  Unknown costs (a
-    dynamic batch, loops in the target) count as expensive."""
+def _gradient_cost(vg: Callable, chains: Any, dim: int, dtype: tf.DType) -> float:
+    """Operations of one value-and-gradient (traced, not run) per chain and dimension;
+    unknown costs (a dynamic batch, loops in the target) are infinite."""
     if not isinstance(chains, int):
-        return False
+        return math.inf
     graph = tf.function(vg, autograph=False).get_concrete_function(
         tf.TensorSpec([chains, dim], dtype)).graph
     flops = _graph_flops(graph)
-    return flops is not None and flops < CHEAP_GRADIENT_FLOPS_PER_DIM * chains * dim
+    return math.inf if flops is None else flops / (chains * dim)
 
 # }}}
 
@@ -882,8 +886,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         one block of straight-line code instead of by recursion: every chain computes all
         ``2**depth`` leapfrogs and keeps those its tree takes.  Fewer loop steps of the
         batched machine, more leapfrogs computed.  The draws are the same for every value.
-        Default (``None``): ``CHEAP_SUBTREE_DEPTH`` (2) where the gradient is cheap (as for
-        ``scheduler``), else 0 (the recursion down to single leaves).
+        Default (``None``): ``SUBTREE_DEPTH`` (2) where the gradient costs under
+        ``SUBTREE_GRADIENT_FLOPS_PER_DIM`` (1000) operations per chain and state dimension
+        (counted as for ``scheduler``), else 0 (the recursion down to single leaves).
 
     Example:
         >>> import tensorflow as tf
@@ -1220,23 +1225,24 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             return self.scheduler
         if self.run_ahead:
             return "earliest"
-        return "most_active" if self._cheap(spec) else "earliest"
+        return "most_active" if self._cost(spec) < CHEAP_GRADIENT_FLOPS_PER_DIM else "earliest"
 
     def _subtree_depth(self, spec: _StateSpec) -> int:
         """Depth of the subtrees built in one block (see ``unrolled_subtree_depth`` in the
         class docstring): the one given, else chosen from the gradient's cost."""
         depth = self.unrolled_subtree_depth
         if depth is None:
-            depth = CHEAP_SUBTREE_DEPTH if self._cheap(spec) else 0
+            depth = (SUBTREE_DEPTH if self._cost(spec) < SUBTREE_GRADIENT_FLOPS_PER_DIM
+                     else 0)
         return min(depth, self.max_tree_depth - 1)
 
-    def _cheap(self, spec: _StateSpec) -> bool:
-        """Whether the gradient is cheap (:func:`_cheap_gradient`), once per state structure;
-        kept beside the programs, so that a copy sharing them shares the choice."""
-        key = ("cheap", spec.key, spec.chains if isinstance(spec.chains, int) else None)
+    def _cost(self, spec: _StateSpec) -> float:
+        """The gradient's :func:`_gradient_cost`, once per state structure; kept beside the
+        programs, so that a copy sharing them shares the choices made from it."""
+        key = ("cost", spec.key, spec.chains if isinstance(spec.chains, int) else None)
         if key not in self._programs:
-            self._programs[key] = _cheap_gradient(self._value_and_grad(spec), spec.chains,
-                                                  spec.dim, spec.dtype)
+            self._programs[key] = _gradient_cost(self._value_and_grad(spec), spec.chains,
+                                                 spec.dim, spec.dtype)
         return self._programs[key]
 
 
