@@ -79,6 +79,45 @@ def test_runtime_matches_per_chain_reference(reference, runtime):
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
 
 
+@pytest.mark.parametrize("runtime", ["python", "local_static", "xla"])
+def test_subtrees_built_in_one_block_give_the_recursions_draws(runtime):
+    """Building the bottom levels of every subtree in one block (all their leapfrogs
+    computed, those a chain's tree does not take dropped) changes how the batch runs, not the
+    draws: states, statistics and leapfrog counts are the recursion's down to single leaves,
+    for every depth up to the whole tree (max_tree_depth 5: subtrees of depth 4)."""
+    want = _run_steps(runtime, num_trajectories_per_step=2, unrolled_subtree_depth=0)
+    for depth in (2, 4):
+        got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_subtree_depth=depth)
+        _assert_same(got, want, *((1e-6, 1e-6) if runtime == "xla" else (0, 0)))
+
+
+def test_subtree_depth_follows_the_gradients_cost():
+    """By default subtrees of depth 2 are built in one block where the gradient costs under
+    1000 operations per chain and dimension, none where it costs more or its cost is unknown;
+    a depth given is kept, up to the deepest subtree there is."""
+    rng = np.random.default_rng(4)
+    dim = int(rng.integers(3, 8))
+    x = tf.constant(rng.normal(size=(CHAINS, dim)).astype(np.float32))
+    spec = nuts._StateSpec([x], 1)
+
+    def depth(target, **kw):
+        return NoUTurnSampler(target, 0.1, **kw)._subtree_depth(spec)
+
+    def quadratic(size):   # about 8 * size operations per chain and dimension, gradient included
+        m = tf.constant(rng.normal(size=(dim, size)).astype(np.float32))
+        return lambda x: -tf.reduce_sum(tf.matmul(tf.matmul(x, m), tf.transpose(m)) * x, -1)
+
+    assert nuts.SUBTREE_DEPTH == 2 and nuts.SUBTREE_GRADIENT_FLOPS_PER_DIM == 1000
+    assert depth(quadratic(4)) == 2
+    assert depth(quadratic(50)) == 2    # a few hundred per dimension: still worth it
+    assert depth(quadratic(250)) == 0
+    assert depth(quadratic(4), unrolled_subtree_depth=1) == 1
+    assert depth(quadratic(4), unrolled_subtree_depth=9, max_tree_depth=4) == 3
+    looped = lambda x: tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
+                                     (0, -tf.reduce_sum(x * x, -1)))[1]
+    assert depth(looped) == 0
+
+
 def test_one_step_size_per_chain_matches_reference():
     """One step size for all coordinates of a chain travels as [chains, 1] (not [chains, D])
     through the program; the batched program still matches the per-chain reference."""
@@ -277,6 +316,8 @@ def test_scheduler_follows_the_gradients_cost():
     (lambda: NoUTurnSampler(lambda x: x, 0.1, scheduler="fifo"), "scheduler must be None or one of"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_leapfrog_steps=0), "unrolled"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, num_trajectories_per_step=0), "num_trajectories"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_subtree_depth=-1), "subtree_depth"),
+    (lambda: NoUTurnSampler(lambda x: x, 0.1, unrolled_subtree_depth=1.5), "subtree_depth"),
     (lambda: NoUTurnSampler(lambda x: x, 0.1, run_ahead=True, runtime="local_static"),
      "run_ahead pauses"),
 ])

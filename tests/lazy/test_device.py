@@ -525,6 +525,38 @@ def test_an_optimizer_update_after_a_pending_update_of_its_variable_is_exact():
     with lazy.device():
         _close(run(), eager)
     assert lazy.metrics()["calls_recorded"] >= 2
+
+
+def test_an_optimizer_update_recorded_at_another_place_of_the_step_is_exact():
+    """A recorded call's outputs keep their log entries between steps: steps that record one
+    or two extra ops before the update, in an irregular order, train as eagerly, and a
+    repeated step shape finds its program again."""
+    rng = np.random.default_rng(5)
+    w0, xs = random_array(rng, (3,)), [random_array(rng, (3,)) for _ in range(7)]
+    extra = [0, 1, 1, 0, 2, 0, 2]
+
+    def run():
+        w = keras.Variable(w0)
+        opt = keras.optimizers.Adam(0.1)
+        losses = []
+        for x, n in zip(xs, extra):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * w * x)
+            g = tape.gradient(loss, [w])[0]
+            for _ in range(n):
+                g = g * 0.5                           # moves the update in the step's log
+            opt.apply_gradients([(g, w)])
+            lazy.mark_step()
+            losses.append(float(loss))
+        return losses, w.numpy()
+    eager = run()
+    lazy.reset_metrics()
+    with lazy.device():
+        lz = run()
+    _close(lz[0], eager[0])
+    _close(lz[1], eager[1])
+    m = lazy.metrics()
+    assert m["calls_recorded"] >= 5 and m["trace_hits"] >= 2, m
 # }}}
 
 

@@ -235,9 +235,55 @@ def _mutations():
         ("a dict key", lambda layer: layer.table.__setitem__("b", 1.0)),
         ("a tracked dict value", lambda layer: layer.tracked.__setitem__("k", RNG.uniform())),
         ("a set item", lambda layer: layer.tag.add("new")),
+        ("an attribute set past Keras' __setattr__",
+         lambda layer: object.__setattr__(layer, "rate", RNG.uniform())),
+        ("an attribute set in __dict__", lambda layer: vars(layer).__setitem__("flag", 0)),
+        ("what a container's own __iter__ yields", lambda layer: layer.shown.view.append(1.0)),
+        ("what a mapping's own values() returns", lambda layer: layer.doubled.extra.append(2)),
+        ("a tracked list item", lambda layer: layer.scales.__setitem__(1, RNG.uniform())),
         ("the class", swap_class),
         ("Keras' dtype policy", policy),
     ]
+
+
+class _Shown(list):
+    """A list that iterates another list (a container with its own ``__iter__``)."""
+
+    def __init__(self):
+        super().__init__([0.5])
+        self.view = [float(RNG.uniform())]
+
+    def __iter__(self):
+        return iter(self.view)
+
+
+class _Doubled(dict):
+    """A dict whose ``values()`` are its own (a mapping with its own ``values``)."""
+
+    def __init__(self):
+        super().__init__(a=1)
+        self.extra = [float(RNG.uniform())]
+
+    def values(self):
+        return list(super().values()) + self.extra
+
+
+class _Scaled(keras.layers.Layer):
+    """A layer with one attribute of each kind the state check reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = keras.layers.Dense(3)
+        self.rate, self.flag = float(RNG.uniform()), False
+        self.scales, self.tags = [float(RNG.uniform()), float(RNG.uniform())], []
+        self.table, self.tag = {"a": float(RNG.uniform())}, {"x"}
+        self.tracked = {"k": 1.0}   # Keras tracks it: a mapping that is not a plain dict
+        self.pair = (float(RNG.uniform()), "s")
+        object.__setattr__(self, "shown", _Shown())      # past Keras' tracking: kept as is
+        object.__setattr__(self, "doubled", _Doubled())
+
+    def call(self, x):
+        return self.inner(x) * self.rate
 
 
 @pytest.mark.parametrize("name,change", _mutations(), ids=[n for n, _ in _mutations()])
@@ -246,19 +292,7 @@ def test_a_snapshot_sees_every_change_of_python_state(name, change):
     per-call check guards against, and nothing else."""
     from tfx_vec.lazy.units import Snapshot, _layers
 
-    class Scaled(keras.layers.Layer):
-        def __init__(self):
-            super().__init__()
-            self.inner = keras.layers.Dense(3)
-            self.rate, self.flag = float(RNG.uniform()), False
-            self.scales, self.tags = [float(RNG.uniform()), float(RNG.uniform())], []
-            self.table, self.tag = {"a": float(RNG.uniform())}, {"x"}
-            self.tracked = {"k": 1.0}   # Keras tracks it: a mapping that is not a plain dict
-
-        def call(self, x):
-            return self.inner(x) * self.rate
-
-    layer = Scaled()
+    layer = _Scaled()
     layer(X)
     snapshot = Snapshot(_layers(layer))
     assert snapshot.same()
@@ -270,3 +304,52 @@ def test_a_snapshot_sees_every_change_of_python_state(name, change):
         assert not snapshot.same(), name
     finally:
         keras.config.set_dtype_policy(policy)
+
+
+def _same_in_python(snapshot) -> bool:
+    """The state check written as Python loops: the reference for the native one."""
+    import keras as k
+    if k.config.dtype_policy() is not snapshot.policy:
+        return False
+    if any(type(o) is not t for o, t in zip(snapshot.objects, snapshot.types)):
+        return False
+    dicts = [vars(o) for o in snapshot.objects]
+    keys = [key for d in dicts for key in d]
+    values = [v for d in dicts for v in d.values()]
+    if [len(d) for d in dicts] != snapshot.sizes or keys != snapshot.keys or \
+            len(values) != len(snapshot.values) or \
+            any(a is not b for a, b in zip(values, snapshot.values)):
+        return False
+    if [len(c) for c in snapshot.containers] != snapshot.container_sizes:
+        return False
+    contents = [x for c in snapshot.containers for x in c]
+    mapped = [v for m in snapshot.mappings for v in m.values()]
+    return len(contents) == len(snapshot.contents) and \
+        all(a is b for a, b in zip(contents, snapshot.contents)) and \
+        len(mapped) == len(snapshot.mapping_values) and \
+        all(a is b for a, b in zip(mapped, snapshot.mapping_values))
+
+
+def test_the_native_state_check_agrees_with_python_loops_on_random_changes():
+    """Random sequences of changes (each kind above, some undone, some repeated with the same
+    object) on a layer and a model: the native check answers as the Python reference does,
+    after every change."""
+    from tfx_vec.lazy.units import Snapshot, _layers
+    rng = np.random.default_rng(11)
+    mutations = [change for name, change in _mutations() if "policy" not in name]
+
+    def undo(layer):   # puts back an identical object: the state is the snapshot's again
+        vars(layer)["flag"] = layer.__dict__["flag"]
+    answers = set()
+    for trial in range(12):
+        layer = _Scaled()
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), layer])
+        model(X)
+        for owner in (layer, model):
+            snapshot = Snapshot(_layers(owner))
+            for _ in range(int(rng.integers(1, 4))):
+                pick = int(rng.integers(0, len(mutations) + 1))
+                (mutations[pick] if pick < len(mutations) else undo)(layer)
+                assert snapshot.same() == _same_in_python(snapshot)
+                answers.add(snapshot.same())
+    assert answers == {True, False}

@@ -56,7 +56,8 @@ class CallSpec:
     resources; the node's outputs are ``fn``'s flat outputs (``outs``: their (shape, dtype)),
     then the values after it of the variables at the ``assigned`` positions."""
 
-    __slots__ = ("fn", "variables", "outs", "assigned", "sigs", "__weakref__")
+    __slots__ = ("fn", "variables", "outs", "assigned", "sigs", "states", "assigned_sigs",
+                 "memo", "__weakref__")
 
     def __init__(self, fn: Callable[[list], Any], variables: list, outs: tuple = (),
                  assigned: tuple | None = None):
@@ -65,6 +66,11 @@ class CallSpec:
         self.outs = outs
         self.assigned = tuple(range(len(variables))) if assigned is None else assigned
         self.sigs: list | None = None   # (shape, dtype, sig) of the outs, on first record
+        # the variable states of the last record and the (shape, dtype, sig) of the assigned
+        # ones (a state's are fixed), and Node.outputs' memos of the outs and the new values
+        self.states: list = []
+        self.assigned_sigs: list = []
+        self.memo: tuple = ([], [])
 
 
 CALLS: "weakref.WeakValueDictionary[int, CallSpec]" = weakref.WeakValueDictionary()
@@ -83,10 +89,13 @@ def record_call(spec: CallSpec, token: int, inputs: list, states: list) -> list:
     if sigs is None:
         sigs = spec.sigs = [(shape, dtype, (shape, dtype.as_datatype_enum))
                             for shape, dtype in spec.outs]
-    outs = Node.outputs(base, sigs)
+    outs = Node.outputs(base, sigs, 0, spec.memo[0])
     assigned = [states[i] for i in spec.assigned]
-    # An ``out`` node of a variable has the variable's shape and dtype: no check to make.
-    news = Node.outputs(base, [(s.shape, s.dtype, s._read.sig) for s in assigned], len(outs))
+    if spec.states != states:   # DeviceVariables compare by identity
+        # An ``out`` node of a variable has the variable's shape and dtype: no check to make.
+        spec.assigned_sigs = [(s.shape, s.dtype, s._read.sig) for s in assigned]
+        spec.states = list(states)
+    news = Node.outputs(base, spec.assigned_sigs, len(outs), spec.memo[1])
     _device.assign_all(assigned, news)
     metrics.bump("calls_recorded")
     return outs
@@ -132,7 +141,6 @@ def _state_of(v: Any) -> Any:
 
 def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
     """(gradient nodes, variable states, tf.Variables, Keras variables) or a reason string."""
-    payload_of = _device.payload_of
     if not runtime.CONFIG.record_calls:
         return "lazy.configure(record_calls=False)"
     if not getattr(optimizer, "built", False) or trainable_variables is None:
@@ -141,8 +149,9 @@ def _plan_apply(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
         return "a tape is recording"
     grads, kvars = list(grads), list(trainable_variables)
     nodes = []
+    payload, name = _device._native[0].payload, _device.DEVICE_NAME   # payload_of, inline
     for g in grads:
-        p = payload_of(g)   # None for anything but a device tensor
+        p = payload(g, name)   # None for anything but a device tensor
         if type(p) is not LazyTensor:
             return "a gradient that is not a lazy tensor"
         nodes.append(p._node)

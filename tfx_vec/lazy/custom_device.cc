@@ -7,8 +7,9 @@
 // the payload.  All policy lives in Python (custom_device.py); this file only moves handles.
 //
 // Also here: run_on_host (execute the op being recorded on a physical device, for host ops and
-// folding) and two queries of TensorFlow's XLA op registry (which ops have XLA kernels, which
-// inputs XLA needs as compile-time constants).
+// folding), the Python-state check of recorded Keras calls (same_state) and two queries of
+// TensorFlow's XLA op registry (which ops have XLA kernels, which inputs XLA needs as
+// compile-time constants).
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -455,6 +456,170 @@ PyObject* ConstantArgs(PyObject*, PyObject* args) {
   return out;
 }
 
+// units.Snapshot.same: whether a recorded Keras call's Python state is what the snapshot
+// kept.  The comparisons are Python's (names by equality, everything else by identity), made in
+// one C loop: in Python each element costs a call, and a model's state is hundreds of them.
+
+// The items of `iterable` against expected[*pos, ...] by identity, advancing *pos: 1 the same,
+// 0 not, -1 an error.  A list, tuple, dict or set whose type iterates as the built-in does (a
+// subclass that does not override __iter__: Keras' tracked containers) is read directly;
+// anything else through its iterator, as Python's loop would.
+int SameItems(PyObject* iterable, PyObject* expected, Py_ssize_t* pos) {
+  const Py_ssize_t n = PyList_GET_SIZE(expected);
+  const getiterfunc iter = Py_TYPE(iterable)->tp_iter;
+  if ((PyList_Check(iterable) && iter == PyList_Type.tp_iter) ||
+      (PyTuple_Check(iterable) && iter == PyTuple_Type.tp_iter)) {
+    const Py_ssize_t m = PySequence_Fast_GET_SIZE(iterable);
+    if (*pos + m > n) return 0;
+    PyObject** items = PySequence_Fast_ITEMS(iterable);
+    for (Py_ssize_t i = 0; i < m; ++i) {
+      if (items[i] != PyList_GET_ITEM(expected, *pos + i)) return 0;
+    }
+    *pos += m;
+    return 1;
+  }
+  if (PyDict_Check(iterable) && iter == PyDict_Type.tp_iter) {
+    Py_ssize_t it = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(iterable, &it, &key, &value)) {
+      if (*pos >= n || key != PyList_GET_ITEM(expected, *pos)) return 0;
+      ++*pos;
+    }
+    return 1;
+  }
+#if PY_VERSION_HEX < 0x030D0000   // _PySet_NextEntry is internal from Python 3.13
+  if (PyAnySet_Check(iterable) && iter == PySet_Type.tp_iter) {
+    Py_ssize_t it = 0;
+    PyObject* key;
+    Py_hash_t hash;
+    while (_PySet_NextEntry(iterable, &it, &key, &hash)) {
+      if (*pos >= n || key != PyList_GET_ITEM(expected, *pos)) return 0;
+      ++*pos;
+    }
+    return 1;
+  }
+#endif
+  PyObject* it = PyObject_GetIter(iterable);
+  if (it == nullptr) return -1;
+  int same = 1;
+  PyObject* item;
+  while ((item = PyIter_Next(it)) != nullptr) {
+    const bool ok = *pos < n && item == PyList_GET_ITEM(expected, *pos);
+    Py_DECREF(item);
+    ++*pos;
+    if (!ok) {
+      same = 0;
+      break;
+    }
+  }
+  Py_DECREF(it);
+  return PyErr_Occurred() ? -1 : same;
+}
+
+// A dict's values against expected[*pos, ...] (see SameItems): read directly when its type's
+// values() is dict's own, else by calling it.
+int SameValues(PyObject* mapping, PyObject* expected, Py_ssize_t* pos) {
+  static PyObject* name = PyUnicode_InternFromString("values");
+  static PyObject* dict_values = _PyType_Lookup(&PyDict_Type, name);  // borrowed, immortal type
+  if (PyDict_Check(mapping) && _PyType_Lookup(Py_TYPE(mapping), name) == dict_values) {
+    const Py_ssize_t n = PyList_GET_SIZE(expected);
+    Py_ssize_t it = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(mapping, &it, &key, &value)) {
+      if (*pos >= n || value != PyList_GET_ITEM(expected, *pos)) return 0;
+      ++*pos;
+    }
+    return 1;
+  }
+  PyObject* values = PyObject_CallMethodNoArgs(mapping, name);
+  if (values == nullptr) return -1;
+  const int same = SameItems(values, expected, pos);
+  Py_DECREF(values);
+  return same;
+}
+
+// Whether len(o) equals the int `expected`: 1, 0, or -1 on an error.
+int SameSize(PyObject* o, PyObject* expected) {
+  const Py_ssize_t n = PyObject_Size(o);
+  if (n < 0) return -1;
+  const Py_ssize_t e = PyLong_AsSsize_t(expected);
+  if (e == -1 && PyErr_Occurred()) return -1;
+  return n == e;
+}
+
+// 1 the same, 0 not, -1 an error (see SameState).
+int SameStateImpl(PyObject* objects, PyObject* types, PyObject* sizes, PyObject* keys,
+                  PyObject* values, PyObject* containers, PyObject* container_sizes,
+                  PyObject* contents, PyObject* mappings, PyObject* mapping_values) {
+  const Py_ssize_t n = PyList_GET_SIZE(objects);
+  if (PyList_GET_SIZE(types) != n || PyList_GET_SIZE(sizes) != n) return 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(PyList_GET_ITEM(objects, i))) !=
+        PyList_GET_ITEM(types, i)) {
+      return 0;
+    }
+  }
+  const Py_ssize_t n_keys = PyList_GET_SIZE(keys);
+  if (PyList_GET_SIZE(values) != n_keys) return 0;
+  static PyObject* dict_name = PyUnicode_InternFromString("__dict__");
+  Py_ssize_t k = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* d = PyObject_GetAttr(PyList_GET_ITEM(objects, i), dict_name);  // vars()
+    if (d == nullptr) return -1;
+    int same = PyDict_Check(d) ? SameSize(d, PyList_GET_ITEM(sizes, i)) : 0;
+    Py_ssize_t it = 0;
+    PyObject *key, *value;
+    while (same == 1 && PyDict_Next(d, &it, &key, &value)) {
+      if (k >= n_keys || value != PyList_GET_ITEM(values, k)) {
+        same = 0;
+        break;
+      }
+      same = PyObject_RichCompareBool(key, PyList_GET_ITEM(keys, k), Py_EQ);
+      ++k;
+    }
+    Py_DECREF(d);
+    if (same != 1) return same;
+  }
+  if (k != n_keys) return 0;
+  // The values are the snapshot's objects: its containers are the ones in the attributes.
+  const Py_ssize_t n_containers = PyList_GET_SIZE(containers);
+  if (PyList_GET_SIZE(container_sizes) != n_containers) return 0;
+  for (Py_ssize_t i = 0; i < n_containers; ++i) {
+    const int same = SameSize(PyList_GET_ITEM(containers, i), PyList_GET_ITEM(container_sizes, i));
+    if (same != 1) return same;
+  }
+  Py_ssize_t pos = 0;
+  for (Py_ssize_t i = 0; i < n_containers; ++i) {
+    const int same = SameItems(PyList_GET_ITEM(containers, i), contents, &pos);
+    if (same != 1) return same;
+  }
+  if (pos != PyList_GET_SIZE(contents)) return 0;
+  pos = 0;
+  for (Py_ssize_t i = 0, m = PyList_GET_SIZE(mappings); i < m; ++i) {
+    const int same = SameValues(PyList_GET_ITEM(mappings, i), mapping_values, &pos);
+    if (same != 1) return same;
+  }
+  return pos == PyList_GET_SIZE(mapping_values);
+}
+
+// same_state(objects, types, sizes, keys, values, containers, container_sizes, contents,
+// mappings, mapping_values) -> bool: the objects' types are `types`, their __dict__ sizes
+// `sizes`, their attribute names (in order, by equality) `keys` and values (by identity)
+// `values`; then the containers' sizes and their items (by identity, flattened) `contents`,
+// and the mappings' values() `mapping_values`.  Every argument is a list.
+PyObject* SameState(PyObject*, PyObject* args) {
+  PyObject* a[10];
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!O!", &PyList_Type, &a[0], &PyList_Type,
+                        &a[1], &PyList_Type, &a[2], &PyList_Type, &a[3], &PyList_Type, &a[4],
+                        &PyList_Type, &a[5], &PyList_Type, &a[6], &PyList_Type, &a[7],
+                        &PyList_Type, &a[8], &PyList_Type, &a[9])) {
+    return nullptr;
+  }
+  const int same = SameStateImpl(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]);
+  if (same < 0) return nullptr;
+  return PyBool_FromLong(same);
+}
+
 PyMethodDef kMethods[] = {
     {"capsules", Capsules, METH_VARARGS,
      "capsules(name, execute, to_device, from_device) -> (device, device_info) for "
@@ -469,6 +634,9 @@ PyMethodDef kMethods[] = {
     {"xla_ops", XlaOps, METH_NOARGS, "xla_ops() -> op types with an XLA kernel"},
     {"constant_args", ConstantArgs, METH_VARARGS,
      "constant_args(op) -> input args XLA needs as compile-time constants"},
+    {"same_state", SameState, METH_VARARGS,
+     "same_state(objects, types, sizes, keys, values, containers, container_sizes, contents, "
+     "mappings, mapping_values) -> whether a units.Snapshot's state is unchanged"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_tfx_vec_lazy_device", nullptr, -1, kMethods};

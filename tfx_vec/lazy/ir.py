@@ -71,39 +71,59 @@ class Node:
         rec = RECORDING
         base = rec.base
         refs = []
+        log = rec.log
         for x in inputs:
             p = x.pos
             if p < base:
-                p = rec.first_sight(x)
+                if x.op in LEAF_OPS:   # Recording.first_sight, inline: a leaf's first use
+                    p = x.pos = base + len(log)
+                    log.append(("leaf", x.op, x.attrs, x.sig))
+                    rec.nodes.append(x)
+                else:
+                    p = rec.first_sight(x)
             refs.append(p - base)
         refs = tuple(refs)
         if serial is not None or op == "grad":  # a rewritten node (old stamp), or a window
             attrs = rec.window(self, attrs, serial)
-        log = rec.log
         self.pos = base + len(log)
         log.append((op, attrs, self.sig, refs))
         rec.nodes.append(self)
 
     @staticmethod
-    def outputs(base: "Node", sigs: Sequence[tuple], first: int = 0) -> list:
+    def outputs(base: "Node", sigs: Sequence[tuple], first: int = 0,
+                memo: list | None = None) -> list:
         """``out`` nodes ``first``, ``first + 1``... of ``base`` (a node just recorded), one
         per ``(shape, dtype, sig)``: what ``Node("out", (base,), (i,), shape, dtype)`` makes,
-        without its general path (a library call has one output per variable it updates)."""
+        without its general path (a library call has one output per variable it updates).
+
+        ``memo``, a list the caller keeps per call site, keeps the log entries of the last call:
+        they are reused when ``sigs`` is the same object (the caller never changes it) and
+        ``base`` sits at the same log position, so a repeated step logs the same tuples (equal
+        fingerprints then compare by identity) without building them again."""
         rec = RECORDING
         log, nodes = rec.log, rec.nodes
         start = rec.base
-        ref = (base.pos - start,)
+        at = base.pos - start
+        if memo is not None and memo and memo[0] == at and memo[1] is sigs:
+            entries = memo[2]
+        else:
+            ref = (at,)
+            entries = [("out", (i,), sig, ref) for i, (_, _, sig) in enumerate(sigs, first)]
+            if memo is not None:
+                memo[:] = [at, sigs, entries]
         inputs = (base,)
         new = Node.__new__
         out = []
-        for i, (shape, dtype, sig) in enumerate(sigs, first):
+        pos = start + len(log)
+        for (shape, dtype, sig), entry in zip(sigs, entries):
             n = new(Node)
             n.op, n.inputs, n.attrs, n.shape, n.dtype, n.value = \
-                "out", inputs, (i,), shape, dtype, None
-            n.sig, n.serial, n.pos = sig, next(serials), start + len(log)
-            log.append(("out", n.attrs, sig, ref))
-            nodes.append(n)
+                "out", inputs, entry[1], shape, dtype, None
+            n.sig, n.serial, n.pos = sig, next(serials), pos
+            pos += 1
             out.append(n)
+        log.extend(entries)
+        nodes.extend(out)
         return out
 
     @classmethod

@@ -200,7 +200,9 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
     if any(s is not state for s in _recording.values()):
         return "another tape is recording"
     start, end = state.start, state.end if state.end is not None else next(ir.serials)
-    watched_vars = [payload_of(v.handle) for v in tape.watched_variables()]
+    # payload_of without its Python call per tensor (the device is registered: its hooks run)
+    payload, name = _device._native[0].payload, _device.DEVICE_NAME
+    watched_vars = [payload(v.handle, name) for v in tape.watched_variables()]
     watched = set(state.watched)   # what TensorFlow's tape watches, as nodes
     watched.update(p._node for p in watched_vars if type(p) is DeviceVariable)
     watched_vars = {id(p) for p in watched_vars}
@@ -208,7 +210,7 @@ def _plan(tape: Any, targets: list, sources: list, output_gradients: Any) -> Any
     for s in sources:
         if not float_or_complex(s, resource=True):
             return "an integer source"
-        p = payload_of(s)
+        p = payload(s, name)
         if type(p) is DeviceVariable:
             if p.last_assign >= start:
                 return "a source variable was assigned"

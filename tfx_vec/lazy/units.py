@@ -173,7 +173,7 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
         return x
     if t is list or t is tuple:
         sig.append((t, len(x)))
-        return t(_template(i, tensors, sig) for i in x)
+        return t([_template(i, tensors, sig) for i in x])
     if t is dict:
         sig.append((dict, tuple(x)))
         return {k: _template(v, tensors, sig) for k, v in x.items()}
@@ -188,7 +188,7 @@ def _fill(template: Any, values: Any) -> Any:
         return next(values)
     t = type(template)
     if t is list or t is tuple:
-        return t(_fill(i, values) for i in template)
+        return t([_fill(i, values) for i in template])
     if t is dict:
         return {k: _fill(v, values) for k, v in template.items()}
     return template
@@ -206,11 +206,13 @@ class Snapshot:
     added or removed, a container changed, a float or string replaced even by an equal one,
     makes :meth:`same` false.
 
-    :meth:`same` runs once per recorded call, so it makes no Python loop over the layers: it
-    compares the objects' types, their ``__dict__`` sizes, keys and values, then (those being
-    the same objects) the containers' sizes and contents, each as one flat comparison made in
-    C: by identity, except the attribute names (an equal name is the same attribute).  Sizes
-    are compared before contents, so flattened sequences line up."""
+    :meth:`same` runs once per recorded call, so it makes no Python loop over the layers: one
+    native call (``same_state`` in ``custom_device.cc``) compares the objects' types, their
+    ``__dict__`` sizes, keys and values, then (those being the same objects) the containers'
+    sizes and contents against the flat lists kept here: by identity, except the attribute
+    names (an equal name is the same attribute).  Sizes are compared before contents, so
+    flattened sequences line up; a container iterates as Python's loop would (a subclass's
+    own ``__iter__`` and ``values``)."""
 
     __slots__ = ("objects", "policy", "types", "sizes", "keys", "values", "containers",
                  "container_sizes", "contents", "mappings", "mapping_values")
@@ -231,19 +233,17 @@ class Snapshot:
 
     def same(self) -> bool:
         """Whether the state is what it was when the snapshot was taken."""
-        is_ = operator.is_
-        if _dtype_policy() is not self.policy or \
-                not all(map(is_, map(type, self.objects), self.types)):
+        if _dtype_policy() is not self.policy:
             return False
-        dicts = list(map(vars, self.objects))
-        # the same keys (names: equal is the same attribute, and list equality is faster than
-        # identity) and values: the containers are the same objects as when taken
-        return list(map(len, dicts)) == self.sizes and \
-            list(_chain(dicts)) == self.keys and \
-            all(map(is_, _chain(map(dict.values, dicts)), self.values)) and \
-            list(map(len, self.containers)) == self.container_sizes and \
-            all(map(is_, _chain(self.containers), self.contents)) and \
-            all(map(is_, _chain(map(_values, self.mappings)), self.mapping_values))
+        same_state = _same_state[0]
+        if same_state is None:
+            same_state = _same_state[0] = _device.native().same_state
+        return same_state(self.objects, self.types, self.sizes, self.keys, self.values,
+                          self.containers, self.container_sizes, self.contents, self.mappings,
+                          self.mapping_values)
+
+
+_same_state: list = [None]   # the native check (custom_device.cc), bound on first use
 
 
 def _dtype_policy() -> Any:
@@ -406,6 +406,8 @@ def _variables_accessed(variables: list) -> None:
     """TensorFlow's ``tape.variables_accessed``: tell the tapes and variable watchers that the
     trainable ``variables`` were read.  With no ``tf.distribute`` strategy in scope its resolver
     maps each variable to itself, so the per-variable strategy lookup is skipped."""
+    if not variables:   # a loss or metric reads none: nothing to tell
+        return
     if _tape_module._variables_override is not \
             _distribute_lib.get_local_results_or_value_container or \
             _distribute_lib.has_strategy():
