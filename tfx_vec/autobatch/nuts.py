@@ -399,17 +399,19 @@ def _leaf(vg: Callable, unrolled: int, max_energy_diff: float,
 
 
 def _merge_subtrees(seed, qp1, gp1, lp1, ep1, p_beg1, p_end1, rho1, lsw1, metro1, leaves1, div1,
-                    qp2, gp2, lp2, ep2, p_beg2, p_end2, rho2, lsw2, metro2, leaves2, valid2,
+                    q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
                     div2):
-    """Recursive case of ``build_tree`` after both halves: multinomial choice of the proposal
-    (the far half with probability w2 / (w1 + w2)) and the U-turn checks across the halves."""
+    """Recursive case of ``build_tree`` after both halves: the merged subtree's values, from
+    what the first half leaves after the second is built and the second half's whole result.
+    The far end is the second half's; the proposal is the far half's with probability
+    w2 / (w1 + w2); the U-turn checks run across the halves."""
     lsw = _logaddexp(lsw1, lsw2)
     take2 = tf.math.log(_uniform(seed, lsw.dtype)) < lsw2 - lsw
     qp, gp, lp, ep = (_where(take2, a, b)
                       for a, b in ((qp2, qp1), (gp2, gp1), (lp2, lp1), (ep2, ep1)))
-    valid = valid2 & _merged_no_u_turn(p_beg1, p_end1, rho1, p_beg2, p_end2, rho2)
-    return (qp, gp, lp, ep, rho1 + rho2, lsw, metro1 + metro2, leaves1 + leaves2, valid,
-            div1 | div2)
+    valid = valid2 & _merged_no_u_turn(p_beg1, p_end1, rho1, p_beg2, p2, rho2)
+    return (q2, p2, g2, l2, qp, gp, lp, ep, p_beg1, rho1 + rho2, lsw, metro1 + metro2,
+            leaves1 + leaves2, valid, div1 | div2)
 
 
 def _subtree_of_leaves(seed, leaves: list) -> tuple:
@@ -424,12 +426,8 @@ def _subtree_of_leaves(seed, leaves: list) -> tuple:
     first = _subtree_of_leaves(seed_first, leaves[:half])
     second = _subtree_of_leaves(seed_second, leaves[half:])
     (_, p1, _, _, qp1, gp1, lp1, ep1, p_beg1, rho1, lsw1, metro1, leaves1, valid1, div1) = first
-    (q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
-     div2) = second
-    merged = (q2, p2, g2, l2, *_merge_subtrees(
-        seed_pick, qp1, gp1, lp1, ep1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
-        qp2, gp2, lp2, ep2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2))
-    merged = merged[:8] + (p_beg1,) + merged[8:]
+    merged = _merge_subtrees(seed_pick, qp1, gp1, lp1, ep1, p_beg1, p1, rho1, lsw1, metro1,
+                             leaves1, div1, *second)
     return tuple(_where(valid1, m, f) for m, f in zip(merged, first))
 
 
@@ -760,10 +758,12 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                         valid1, div1)
             (q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
              div2) = build_tree(depth - 1, direction, q1, p1, g1, l1, eps, h0, seed_second)
-            (qp, gp, lp, ep, rho, lsw, metro, leaves, valid, div) = _merge_subtrees(
+            (q, p, g, logp, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid,
+             div) = _merge_subtrees(
                 seed_pick, qp1, gp1, lp1, ep1, p_beg1, p1, rho1, lsw1, metro1, leaves1, div1,
-                qp2, gp2, lp2, ep2, p_beg2, p2, rho2, lsw2, metro2, leaves2, valid2, div2)
-            return q2, p2, g2, l2, qp, gp, lp, ep, p_beg1, rho, lsw, metro, leaves, valid, div
+                q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
+                div2)
+            return q, p, g, logp, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid, div
         (q1, p1, g1, l1, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid,
          div) = leaf(depth, direction, q, p, g, logp, eps, h0, seed)
         return q1, p1, g1, l1, qp, gp, lp, ep, p_beg, rho, lsw, metro, leaves, valid, div
