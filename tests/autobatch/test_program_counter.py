@@ -196,3 +196,28 @@ def test_a_paused_machine_resumes_where_it_stopped(opts):
     m = tf.constant([4, 6, 2, 5, 1])
     result, _, _ = pc.call_resumable(sum_of_fibs, (m, m), opts, machine, until)
     np.testing.assert_array_equal(result.numpy(), _sum_of_fibs(m.numpy()))
+
+
+def test_loops_skip_automatic_control_dependencies_only_for_stateless_programs():
+    # Pure primitives: the machine's loops are built without TF's automatic control
+    # dependencies (they only order stateful ops).  A primitive reading a variable keeps them,
+    # and the variable's current value is what every call reads.
+    from tfx_vec.autobatch.types import stateless
+    step = tf.Variable(3)
+
+    @ab.function
+    def count_up(n):
+        i = tf.zeros_like(n)
+        while i < n:
+            i = i + step
+        return i
+
+    x = tf.constant([4, 0, 11, 7])
+    for jit in (False, True):
+        step.assign(3)
+        np.testing.assert_array_equal(count_up(x, jit_compile=jit).numpy(), [6, 0, 12, 9])
+        step.assign(5)
+        np.testing.assert_array_equal(count_up(x, jit_compile=jit).numpy(), [5, 0, 15, 10])
+    fib(x, jit_compile=True)
+    assert stateless(fib.program())
+    assert not stateless(count_up.program())

@@ -33,6 +33,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -40,7 +41,8 @@ import tensorflow as tf
 
 from . import ir
 from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
-from .types import fit, leading, qualified_types, run_primitive, select, spec_of, zeros_of
+from .types import (fit, leading, qualified_types, run_primitive, select, spec_of, stateless,
+                    zeros_of)
 
 __all__ = ["run", "call", "call_resumable", "idle_machine", "Status", "SCHEDULERS"]
 
@@ -590,13 +592,32 @@ class _Machine:
             small = count(small, self.prologue)
             small, writes = self.block(self.prologue, small, big)
             big = apply(big, writes)
-        steps, small, big = tf.while_loop(cond, body, (tf.constant(0), small, big),
-                                          maximum_iterations=max_steps)
+        with _control_dependencies_only_if(not stateless(self.p)):
+            steps, small, big = tf.while_loop(cond, body, (tf.constant(0), small, big),
+                                              maximum_iterations=max_steps)
         result = small["vals"][self.p.result]
         status = Status(small["overflow"], tf.not_equal(small["pc"], self.halt) &
                         ~small["overflow"] & ~paused(small), steps, small["runs"],
                         small["members"])
         return result, status, (small, big)
+
+
+@contextlib.contextmanager
+def _control_dependencies_only_if(needed: bool):
+    """Loops built inside skip TensorFlow's automatic control dependencies unless ``needed``:
+    they only order stateful ops, and their pass over every op of every loop body (the
+    machine's and each block guard's) was a fifth of tracing NUTS.  The switch is the
+    graph's private ``_add_control_dependencies`` flag, which ``while_v2`` reads."""
+    graph = tf.compat.v1.get_default_graph()
+    before = getattr(graph, "_add_control_dependencies", None)
+    if needed or before is None or tf.executing_eagerly():
+        yield
+        return
+    graph._add_control_dependencies = False
+    try:
+        yield
+    finally:
+        graph._add_control_dependencies = before
 
 
 @tf.autograph.experimental.do_not_convert

@@ -37,12 +37,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
 
-from . import ir
+from . import ir, replay
 from .errors import AutobatchError, PrimitiveError, TypeInferenceError
 
 __all__ = ["run_primitive", "fit", "select", "spec_of", "weak_of", "infer_types",
            "qualified_types", "format_spec", "zeros_of", "batch_size_of", "leading",
-           "SHAPE_RULES"]
+           "stateless", "SHAPE_RULES"]
 
 SHAPE_RULES = ("exact", "broadcast")
 _KINDS = {"bool": 0, "int": 1, "float": 2, "complex": 3}
@@ -126,7 +126,9 @@ def run_primitive(prim: ir.Primitive, values: Sequence[Any], batch: Any,
                   types: Sequence[Any]) -> tuple:
     """Run ``prim`` on whole-batch ``values``; each output fitted to its type in ``types``."""
     try:
-        outs = prim.fn(*values)
+        outs = replay.replay(prim.fn, values)
+        if outs is None:
+            outs = prim.fn(*values)
         return tuple(tf.nest.map_structure(lambda x, s: fit(x, s, batch), o, t)
                      for o, t in zip(outs, types))
     except AutobatchError:
@@ -296,12 +298,15 @@ class _Inference:
             "shares); build per-member values from the arguments, e.g. tf.zeros_like(n)")
 
     def _trace(self, prim: ir.Primitive, specs: tuple) -> tuple:
-        """The outputs of ``prim`` traced on placeholders of ``specs`` (literals kept)."""
+        """The outputs of ``prim`` traced on placeholders of ``specs`` (literals kept), kept
+        for :mod:`.replay`."""
         graph = func_graph.FuncGraph(f"autobatch_types_{prim.loc}")
         with graph.as_default():
             args = [tf.nest.map_structure(
                 lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), spec) for spec in specs]
-            return prim.fn(*args)
+            outs = prim.fn(*args)
+        replay.record(prim.fn, graph, args, outs)
+        return outs
 
     def primitive(self, fname: str, prim: ir.Primitive) -> None:
         env = self.env[fname]
@@ -427,6 +432,22 @@ class _Inference:
                         raise TypeInferenceError(
                             f"{t.loc}: a condition must be one boolean per batch member, got "
                             f"{format_spec(s) if s is not None else 'no value'}")
+
+
+def stateless(program: ir.Program) -> bool:
+    """Did type inference trace every primitive of ``program`` without making a stateful op?
+    Moves and constants are stateless by construction.  A runtime may then build its loops
+    without TensorFlow's automatic control dependencies, which only order stateful ops but
+    cost a pass over every op of every loop body built (a fifth of tracing NUTS)."""
+    for f in program.functions.values():
+        for block in f.blocks:
+            for op in block.ops:
+                if not isinstance(op, ir.Primitive) or ir.is_move(op) or \
+                        ir.constant_value(op)[0]:
+                    continue
+                if not replay.stateless_function(op.fn):
+                    return False
+    return True
 
 
 def infer_types(program: ir.Program, arg_specs: Sequence[Any],
