@@ -382,7 +382,9 @@ class _Machine:
         if any(isinstance(op, ir.Push) for op in b.ops) or _pushes_pc(t):
             pc = tf.where(overflow, self.halt, pc)  # only these can overflow
         for v, g in self.sp_of.items():
-            assert sp[v] is sp[g], f"stack pointers of {v!r} and {g!r} diverged"
+            if sp[v] is not sp[g]:  # kept under python -O: a diverged group would be wrong
+                raise RuntimeError(f"internal error: the stack pointers of {v!r} and {g!r}, "
+                                   f"grouped as moving alike, diverged in block {i}")
         return ({"pc": pc, "pc_sp": pc_sp, "overflow": overflow, "vals": vals,
                  "sp": {g: sp[g] for g in small["sp"]},
                  "runs": small["runs"], "members": small["members"]},

@@ -439,15 +439,12 @@ def stateless(program: ir.Program) -> bool:
     Moves and constants are stateless by construction.  A runtime may then build its loops
     without TensorFlow's automatic control dependencies, which only order stateful ops but
     cost a pass over every op of every loop body built (a fifth of tracing NUTS)."""
-    for f in program.functions.values():
-        for block in f.blocks:
-            for op in block.ops:
-                if not isinstance(op, ir.Primitive) or ir.is_move(op) or \
-                        ir.constant_value(op)[0]:
-                    continue
-                if not replay.stateless_function(op.fn):
-                    return False
-    return True
+    # a lowered program runs its flat block list (which passes may have rewritten)
+    blocks = program.blocks if program.lowered else [
+        b for f in program.functions.values() for b in f.blocks]
+    return all(replay.stateless_function(op.fn) for b in blocks for op in b.ops
+               if isinstance(op, ir.Primitive) and not ir.is_move(op)
+               and not ir.constant_value(op)[0])
 
 
 def infer_types(program: ir.Program, arg_specs: Sequence[Any],
