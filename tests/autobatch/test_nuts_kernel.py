@@ -389,19 +389,59 @@ def _np_hash(seed, counter):
         return fmix(x ^ (k0 + np.uint32(0x7F4A7C15)))
 
 
-def test_random_bits_match_a_numpy_reference():
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_random_bits_match_a_numpy_reference(mode):
     """Split seeds, uniforms and normals are exactly the documented hash of the seed (any
-    rewrite of the generator must keep every draw's bits)."""
+    rewrite of the generator must keep every draw's bits), eagerly and in graphs, where the
+    hash is one function call (with and without XLA, which inlines it)."""
     seeds = np.random.default_rng(7).integers(-2**31, 2**31, size=(50, 2)).astype(np.int32)
-    got = nuts._split(tf.constant(seeds), 3)
+
+    def draws(s):
+        return (*nuts._split(s, 3), nuts._uniform(s, tf.float64), nuts._normal(s, 4, tf.float64))
+    if mode != "eager":
+        draws = tf.function(draws, jit_compile=mode == "xla", autograph=False)
+    *got, uniform, normal = draws(tf.constant(seeds))
     bits = _np_hash(seeds, np.arange(6, dtype=np.uint32)[None, :]).view(np.int32)
     for i, g in enumerate(got):
         np.testing.assert_array_equal(g.numpy(), bits[:, 2 * i:2 * i + 2])
     u = (((_np_hash(seeds, np.uint32(1 << 31)) >> np.uint32(8)).astype(np.float64) + 0.5)
          * 2.0 ** -24)
-    np.testing.assert_array_equal(nuts._uniform(tf.constant(seeds), tf.float64).numpy(), u)
+    np.testing.assert_array_equal(uniform.numpy(), u)
     idx = np.arange(1, 5, dtype=np.uint32)[None, :]
     u1, u2 = (((_np_hash(seeds, 2 * idx + j + np.uint32(1 << 31)) >> np.uint32(8))
                .astype(np.float64) + 0.5) * 2.0 ** -24 for j in (0, 1))
-    np.testing.assert_allclose(nuts._normal(tf.constant(seeds), 4, tf.float64).numpy(),
+    np.testing.assert_allclose(normal.numpy(),
                                np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2), rtol=1e-12)
+
+
+def test_a_subtree_merge_is_one_call_in_a_graph_with_the_eager_values():
+    """The merge of two subtrees (its hash and U-turn checks inside) is traced once per
+    signature: a second use in a graph adds a call, not its operations again, and computes
+    what the plain function computes eagerly, on random values."""
+    rng = np.random.default_rng(3)
+    chains, dim = 7, 5
+
+    def values(kinds: str) -> list:
+        """Random per-chain values: v a [chains, dim] vector, r a real, i a count, f a flag."""
+        make = {"v": lambda: rng.normal(size=(chains, dim)), "r": lambda: rng.normal(size=chains),
+                "i": lambda: rng.integers(1, 4, chains).astype(np.int32),
+                "f": lambda: rng.random(chains) < 0.5}
+        return [tf.constant(make[k]()) for k in kinds]
+    first = values("vvrrvvvrrif")        # qp1 .. div1
+    second = values("vvvrvvrrvvrriff")   # q2 .. div2
+    seed = tf.constant(rng.integers(-2**31, 2**31, (chains, 2)), tf.int32)
+    args = (seed, *first, *second)
+    expected = nuts._merge_subtrees.__wrapped__(*args)
+
+    @tf.function(autograph=False)
+    def twice(*a):
+        graph = tf.compat.v1.get_default_graph()
+        once = nuts._merge_subtrees(*a)
+        before = len(graph.get_operations())
+        again = nuts._merge_subtrees(*a)
+        added = len(graph.get_operations()) - before
+        assert added <= 2, f"the second merge added {added} operations"
+        return once, again
+    for got in twice(*args):
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g.numpy(), e.numpy())
