@@ -91,6 +91,23 @@ def test_subtrees_built_in_one_block_give_the_recursions_draws(runtime):
         _assert_same(got, want, *((1e-6, 1e-6) if runtime == "xla" else (0, 0)))
 
 
+def test_tracing_a_step_runs_the_targets_python_once_per_use():
+    """Tracing a step runs the target's Python three times (the bootstrap's gradient, the
+    gradient's cost estimate, the block of a subtree's leaves), not once per leaf: the
+    leaves are calls of one function."""
+    calls = []
+
+    def target(x):
+        calls.append(1)
+        return -0.5 * tf.reduce_sum(x * x, -1)
+    kernel = NoUTurnSampler(target, step_size=0.3, unrolled_subtree_depth=2)
+    x = tf.constant(np.random.default_rng(0).normal(size=(4, 3)), tf.float32)
+    step = tf.function(lambda x, seed: kernel.one_step(x, kernel.bootstrap_results(x),
+                                                       seed=seed)[0], autograph=False)
+    step.get_concrete_function(x, tf.constant([1, 2]))
+    assert len(calls) == 3
+
+
 def test_subtree_depth_follows_the_gradients_cost():
     """By default subtrees of depth 2 are built in one block where the gradient costs under
     1000 operations per chain and dimension, none where it costs more or its cost is unknown;

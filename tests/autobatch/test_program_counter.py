@@ -60,6 +60,16 @@ def test_stack_overflow_in_graph_is_an_assertion():
         tf.function(lambda a: fib(a, max_stack_depth=4))(tf.constant([2, 30]))
 
 
+def test_asserts_are_built_only_where_they_run():
+    """A graph checks overflow with asserts; XLA would drop them, so under XLA none are built
+    (the eager ``jit_compile=True`` call checks the returned flags instead, above)."""
+    x = tf.constant([2, 5])
+    for jit in (False, True):
+        graph = tf.function(lambda a: fib(a), jit_compile=jit).get_concrete_function(x).graph
+        asserts = [op for op in graph.get_operations() if "Assert" in op.name]
+        assert bool(asserts) != jit, (jit, [op.name for op in asserts])
+
+
 @pytest.mark.parametrize("opts", XLA_VARIANTS, ids=["graph", "xla", "xla_sweep_guarded"])
 def test_max_steps_is_an_error_naming_members(opts):
     with pytest.raises(ab.MaxStepsExceededError, match=r"members \[1\]"):

@@ -467,7 +467,13 @@ def _small_tree(leaf: Callable, max_depth: int, depth, direction, q, p, g, logp,
     Where the gradient is cheap, a loop step of the batched machine costs far more than a
     leapfrog: computing the leaves a chain does not need (those past its depth, or past the
     point where its subtree stopped) costs less than the recursion's calls, returns and stack
-    traffic for the subtree's bottom levels."""
+    traffic for the subtree's bottom levels.
+
+    In a graph the leaves are calls of one function, traced here (the target's gradient is
+    traced once, not once per leaf); made per call, it never outlives what the target
+    captures."""
+    if not tf.executing_eagerly():
+        leaf = tf.function(leaf, autograph=False)
     leaves = [leaf(direction, q, p, g, logp, eps, h0)]
     for _ in range(2 ** max_depth - 1):
         leaves.append(leaf(direction, *leaves[-1][:4], eps, h0))
