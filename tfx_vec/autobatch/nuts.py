@@ -78,7 +78,7 @@ chains that ran to their cap restart from.
 # {{{ pieces used many times per block: one function call each in a graph
 
 
-def _called_once_traced(fn: Callable) -> Callable:
+def _traced_once(fn: Callable) -> Callable:
     """``fn``, which must be pure (tensors in, tensors out, nothing captured), as one call of a
     ``tf.function`` when a graph is being built: traced once per input signature per process,
     then each use is one call operation instead of ``fn``'s dozens (building a graph operation
@@ -127,7 +127,7 @@ def _hash_constants() -> dict:
     return _CONSTANTS[graph]
 
 
-@_called_once_traced
+@_traced_once
 def _hash(seed: tf.Tensor, counter: tf.Tensor) -> tf.Tensor:
     """uint32 hash of an int32 seed ``[..., 2]`` (broadcast against) a uint32 ``counter``."""
     c = _hash_constants()
@@ -375,7 +375,7 @@ def _no_u_turn(p_a: tf.Tensor, p_b: tf.Tensor, rho: tf.Tensor) -> tf.Tensor:
     return (_dot(p_a, rho) > 0) & (_dot(p_b, rho) > 0)
 
 
-@_called_once_traced
+@_traced_once
 def _merged_no_u_turn(p_first_far, p_first_near, rho_first, p_second_near, p_second_far,
                       rho_second):
     """The three checks of Stan's ``build_tree`` when trajectory ``first`` is extended by
@@ -400,7 +400,7 @@ def _where(pred: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.where(pred, a, b)
 
 
-@_called_once_traced
+@_traced_once
 def _where_each(pred: tf.Tensor, a: tuple, b: tuple) -> tuple:
     """:func:`_where` of each pair of ``a`` and ``b``."""
     return tuple(_where(pred, x, y) for x, y in zip(a, b))
@@ -425,7 +425,7 @@ def _leaf(vg: Callable, unrolled: int, max_energy_diff: float,
             divergent)
 
 
-@_called_once_traced
+@_traced_once
 def _merge_subtrees(seed, qp1, gp1, lp1, ep1, p_beg1, p_end1, rho1, lsw1, metro1, leaves1, div1,
                     q2, p2, g2, l2, qp2, gp2, lp2, ep2, p_beg2, rho2, lsw2, metro2, leaves2, valid2,
                     div2):
