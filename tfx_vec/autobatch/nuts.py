@@ -40,7 +40,6 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -79,12 +78,13 @@ chains that ran to their cap restart from.
 
 
 def _traced_once(fn: Callable) -> Callable:
-    """``fn``, which must be pure (tensors in, tensors out, nothing captured), as one call of a
-    ``tf.function`` when a graph is being built: traced once per input signature per process,
-    then each use is one call operation instead of ``fn``'s dozens (building a graph operation
-    costs 0.2-0.5 ms in Python; a block of small subtrees makes a hash, a merge and its U-turn
-    checks several times).  XLA inlines the calls, so the compiled program is the same;
-    eagerly ``fn`` runs as it is."""
+    """``fn`` (tensors in, tensors out) as one call of a ``tf.function`` when a graph is being
+    built: traced once per input signature, then each use is one call operation instead of
+    ``fn``'s dozens (building a graph operation costs 0.2-0.5 ms in Python; a block of small
+    subtrees makes a hash, a merge and its U-turn checks several times).  XLA inlines the
+    calls, so the compiled program is the same; eagerly ``fn`` runs as it is.  Made at module
+    level, ``fn`` must capture nothing (its traces serve every graph); made while a graph is
+    traced, it may capture that graph's tensors."""
     traced = tf.function(fn, autograph=False)
 
     @functools.wraps(fn)
@@ -110,21 +110,11 @@ def _fmix32(x: tf.Tensor, c: dict) -> tf.Tensor:
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c[16]))
 
 
-_CONSTANTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
 def _hash_constants() -> dict:
-    """The hash's uint32 constants, made once per graph (a block traces several hashes in one
-    graph; a constant per use was a third of the hash's operations).  Only the graph that made
-    them uses them: a constant from an enclosing graph would be captured as a loop input."""
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    if graph is None or graph not in _CONSTANTS:
-        made = {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35,
-                                                       0x9E3779B9, 0x7F4A7C15)}
-        if graph is None:
-            return made
-        _CONSTANTS[graph] = made
-    return _CONSTANTS[graph]
+    """The hash's uint32 constants, made once per hash: a graph traces the hash once, as a
+    function of its own (a constant per use was a third of its operations)."""
+    return {v: tf.constant(v, tf.uint32) for v in (16, 13, 0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9,
+                                                   0x7F4A7C15)}
 
 
 @_traced_once
@@ -472,8 +462,7 @@ def _small_tree(leaf: Callable, max_depth: int, depth, direction, q, p, g, logp,
     In a graph the leaves are calls of one function, traced here (the target's gradient is
     traced once, not once per leaf); made per call, it never outlives what the target
     captures."""
-    if not tf.executing_eagerly():
-        leaf = tf.function(leaf, autograph=False)
+    leaf = _traced_once(leaf)
     leaves = [leaf(direction, q, p, g, logp, eps, h0)]
     for _ in range(2 ** max_depth - 1):
         leaves.append(leaf(direction, *leaves[-1][:4], eps, h0))
