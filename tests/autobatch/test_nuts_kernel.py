@@ -2,6 +2,8 @@
 reference, kernel results are consistent, edge cases (divergence, maximum depth) are flagged, bad
 input is rejected clearly.  TFP workflows (sample_chain, dual averaging, XLA) and the statistics
 are in test_nuts_stats.py."""
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -462,3 +464,46 @@ def test_a_subtree_merge_is_one_call_in_a_graph_with_the_eager_values():
     for got in twice(*args):
         for g, e in zip(got, expected):
             np.testing.assert_array_equal(g.numpy(), e.numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_values_computed_once_are_unchanged(mode):
+    """The fusion stop on per-chain predicates and seeds is the identity on every value:
+    random flags and int32 values, the extremes and zero included."""
+    rng = np.random.default_rng(11)
+    flags = rng.random(257) < 0.5
+    ints = np.concatenate([rng.integers(-2**31, 2**31, 250),
+                           [0, 1, -1, 2**31 - 1, -2**31, 2**31 - 2, -2**31 + 1]]).astype(np.int32)
+    fn = nuts._computed_once
+    if mode != "eager":
+        fn = tf.function(fn, jit_compile=mode == "xla", autograph=False)
+    np.testing.assert_array_equal(fn(tf.constant(flags)).numpy(), flags)
+    np.testing.assert_array_equal(fn(tf.constant(ints)).numpy(), ints)
+
+
+def _instruction_count(hlo: str, op: str) -> int:
+    """How many ``op`` instructions optimized HLO text has (fused computations included)."""
+    return len(re.findall(rf"= \S+ {op}\(", hlo))
+
+
+def test_a_per_chain_predicate_is_computed_once_under_xla():
+    """A per-chain predicate selecting between [chains, dim] values is computed once per
+    chain, not once per column and select: XLA fuses cheap elementwise work into every
+    consumer, so without the fusion stop the predicate's 40 multiplications appear once in
+    each of the two selects' fusions (and run for each of the 16 columns)."""
+    def predicate(x):
+        for _ in range(40):
+            x = x * 1.001 - 0.01
+        return x > 0
+
+    def selects(x, a, b):
+        pred = predicate(x)
+        return nuts._where(pred, a, b), nuts._where(pred, b, a)
+    rng = np.random.default_rng(5)
+    x, a, b = (tf.constant(rng.normal(size=s), tf.float32) for s in ((64,), (64, 16), (64, 16)))
+    compiled = tf.function(selects, jit_compile=True, autograph=False)
+    hlo = compiled.experimental_get_compiler_ir(x, a, b)(stage="optimized_hlo")
+    assert _instruction_count(hlo, "multiply") == 40, hlo
+    for got, want in zip(compiled(x, a, b), (np.where(predicate(x).numpy()[:, None], a, b),
+                                             np.where(predicate(x).numpy()[:, None], b, a))):
+        np.testing.assert_array_equal(got.numpy(), want)

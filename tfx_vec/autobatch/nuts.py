@@ -92,6 +92,26 @@ def _traced_once(fn: Callable) -> Callable:
         return fn(*args) if tf.executing_eagerly() else traced(*args)
     return call
 
+
+def _computed_once(x: tf.Tensor) -> tf.Tensor:
+    """``x`` (bool or integer), computed once into a buffer of its own by XLA.
+
+    XLA fuses cheap elementwise work into each consumer and recomputes it there per element:
+    a per-chain ``[B]`` predicate (dozens of operations: U-turn checks, log-weights) selecting
+    between ``[B, D]`` values was recomputed for each of the D columns, and again in every
+    select using it; a seed's chain of hashes, in every consumer of every seed derived from
+    it.  XLA:CPU drops optimization barriers before fusing, but never fuses an *expensive*
+    producer into a consumer that reads each element several times, nor duplicates one: a
+    square root (exact on 0 and 1) ends a predicate, an integer division by a one XLA cannot
+    see is one (``(x | 1) / (x | 1)``) ends an integer.  A few [B] operations in a graph;
+    eagerly ``x`` itself."""
+    if tf.executing_eagerly():
+        return x
+    if x.dtype == tf.bool:
+        return tf.sqrt(tf.cast(x, tf.float32)) > 0.5
+    odd = tf.bitwise.bitwise_or(x, tf.ones([], x.dtype))
+    return tf.truncatediv(x, tf.truncatediv(odd, odd))
+
 # }}}
 
 # {{{ counter-based randomness (per-chain, stateless, elementwise: batches and compiles)
@@ -134,7 +154,7 @@ def _split(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
     counters = np.arange(_SPLIT_DOMAIN, _SPLIT_DOMAIN + 2 * n).reshape(
         (1,) * (seed.shape.rank - 1) + (2 * n,))
     bits = _hash(seed, tf.constant(counters, tf.uint32))   # [..., 2n]
-    return tf.split(tf.bitcast(bits, tf.int32), n, axis=-1)
+    return tf.split(_computed_once(tf.bitcast(bits, tf.int32)), n, axis=-1)
 
 
 def _uniforms(seed: tf.Tensor, counter: np.ndarray, dtype: tf.DType) -> tf.Tensor:
@@ -385,6 +405,7 @@ def _logaddexp(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 def _where(pred: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """Per-chain select: ``pred [B]`` against values ``[B, ...]``."""
+    pred = _computed_once(pred)  # the same predicate used again is merged by XLA
     while pred.shape.rank < a.shape.rank:
         pred = pred[..., None]
     return tf.where(pred, a, b)
