@@ -231,3 +231,20 @@ def test_loops_skip_automatic_control_dependencies_only_for_stateless_programs()
     fib(x, jit_compile=True)
     assert stateless(fib.program())
     assert not stateless(count_up.program())
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_most_active_picks_the_block_most_members_wait_at(mode):
+    """The ``most_active`` choice against NumPy on random program counters (halted members,
+    at ``halt``, never count; ties go to the lowest block; all halted gives ``halt``)."""
+    from tfx_vec.autobatch.program_counter import _most_active
+    rng = np.random.default_rng(4)
+    choose = _most_active if mode == "eager" else tf.function(
+        _most_active, jit_compile=mode == "xla", autograph=False)
+    for halt, size in [(5, 1), (5, 40), (15, 1000), (3, 7)]:
+        for _ in range(5):
+            pc = rng.integers(0, halt + 1, size).astype(np.int32)
+            counts = np.bincount(pc, minlength=halt + 1)[:halt]
+            want = int(np.argmax(counts)) if counts.max() > 0 else halt
+            assert int(choose(tf.constant(pc), halt)) == want
+    assert int(choose(tf.constant(np.full(6, 4, np.int32)), 4)) == 4

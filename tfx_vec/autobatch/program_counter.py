@@ -62,7 +62,10 @@ def _earliest(pc: tf.Tensor, halt: int) -> tf.Tensor:
 
 
 def _most_active(pc: tf.Tensor, halt: int) -> tf.Tensor:
-    counts = tf.reduce_sum(tf.one_hot(pc, halt, dtype=tf.int32), axis=0)
+    # members per block as a segment sum (halted members in a segment of their own): under
+    # XLA one scatter, where a one-hot matrix summed over the batch was three kernels and a
+    # [batch, blocks] buffer each loop step (NUTS on cheap targets: 4-5% of the step)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(pc), pc, halt + 1)[:halt]
     best = tf.cast(tf.argmax(counts), tf.int32)
     return tf.where(tf.reduce_max(counts) > 0, best, halt)
 
