@@ -420,7 +420,7 @@ def _where_each(pred: tf.Tensor, a: tuple, b: tuple) -> tuple:
 def _leaf(vg: Callable, unrolled: int, max_energy_diff: float,
           direction, q, p, g, logp, eps, h0):
     """Base case of ``build_tree``: ``unrolled`` leapfrog steps, weight, divergence check."""
-    step = direction[:, None] * eps
+    step = (direction * eps)[:, None] if eps.shape.rank == 1 else direction[:, None] * eps
     for _ in range(unrolled):
         p = p + 0.5 * step * g
         q = q + step * p
@@ -1147,8 +1147,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         counts = counts if counts is not None else _start_steps(q)[:2]
         stats = stats if stats is not None else _start_steps(q)[2:]
         target, cap = (tf.broadcast_to(x, tf.shape(logp)) for x in (target, cap))
-        return (*counts, *stats, target, cap, q, logp, g,
-                self._program_step_size(spec, parts, step_size), seeds)
+        eps = self._program_step_size(spec, parts, step_size)
+        if eps.shape[-1] == 1:  # one per chain: carried and stacked as [chains], whose stack
+            eps = eps[:, 0]     # XLA updates in place ([chains, 1]'s it copied every loop step)
+        return (*counts, *stats, target, cap, q, logp, g, eps, seeds)
 
     def _program_step_size(self, spec: _StateSpec, parts: list, step_size: Any) -> tf.Tensor:
         """The flat step sizes the identity-metric program takes (see :class:`_Momentum`)."""
