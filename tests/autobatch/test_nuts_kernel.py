@@ -497,8 +497,7 @@ def test_a_per_chain_predicate_is_computed_once_under_xla():
         return x > 0
 
     def selects(x, a, b):
-        pred = predicate(x)
-        return nuts._where(pred, a, b), nuts._where(pred, b, a)
+        return nuts._where_each(predicate(x), (a, b), (b, a))
     rng = np.random.default_rng(5)
     x, a, b = (tf.constant(rng.normal(size=s), tf.float32) for s in ((64,), (64, 16), (64, 16)))
     compiled = tf.function(selects, jit_compile=True, autograph=False)

@@ -404,8 +404,8 @@ def _logaddexp(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 
 def _where(pred: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-    """Per-chain select: ``pred [B]`` against values ``[B, ...]``."""
-    pred = _computed_once(pred)  # the same predicate used again is merged by XLA
+    """Per-chain select: ``pred [B]`` against values ``[B, ...]`` (a predicate made in the
+    same block goes through :func:`_computed_once` first, once)."""
     while pred.shape.rank < a.shape.rank:
         pred = pred[..., None]
     return tf.where(pred, a, b)
@@ -413,7 +413,8 @@ def _where(pred: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 @_traced_once
 def _where_each(pred: tf.Tensor, a: tuple, b: tuple) -> tuple:
-    """:func:`_where` of each pair of ``a`` and ``b``."""
+    """:func:`_where` of each pair of ``a`` and ``b``, ``pred`` computed once."""
+    pred = _computed_once(pred)
     return tuple(_where(pred, x, y) for x, y in zip(a, b))
 
 
@@ -445,7 +446,7 @@ def _merge_subtrees(seed, qp1, gp1, lp1, ep1, p_beg1, p_end1, rho1, lsw1, metro1
     The far end is the second half's; the proposal is the far half's with probability
     w2 / (w1 + w2); the U-turn checks run across the halves."""
     lsw = _logaddexp(lsw1, lsw2)
-    take2 = tf.math.log(_uniform(seed, lsw.dtype)) < lsw2 - lsw
+    take2 = _computed_once(tf.math.log(_uniform(seed, lsw.dtype)) < lsw2 - lsw)
     qp, gp, lp, ep = (_where(take2, a, b)
                       for a, b in ((qp2, qp1), (gp2, gp1), (lp2, lp1), (ep2, ep1)))
     valid = valid2 & _merged_no_u_turn(p_beg1, p_end1, rho1, p_beg2, p2, rho2)
@@ -523,7 +524,7 @@ def _start_trajectory(seed, s_traj, q, logp, g, p):
 def _choose_direction(seed, qf, pf, gf, lf, qb, pb, gb, lb):
     """A fair coin per chain; the end of the trajectory to extend from."""
     seed, s_coin, s_tree = _split(seed, 3)
-    forward = _uniform(s_coin, lf.dtype) < 0.5
+    forward = _computed_once(_uniform(s_coin, lf.dtype) < 0.5)
     direction = tf.where(forward, tf.ones_like(lf), -tf.ones_like(lf))
     start = [_where(forward, f, b) for f, b in ((qf, qb), (pf, pb), (gf, gb), (lf, lb))]
     return (seed, s_tree, forward, direction, *start)
@@ -535,7 +536,7 @@ def _extend_trajectory(max_depth: int, seed, forward, qf, pf, gf, lf, qb, pb, gb
     """Top level of Stan's transition after one doubling: biased progressive sampling of the
     new subtree's proposal, the new trajectory ends, and whether to keep doubling."""
     seed, s_accept = _split(seed, 2)
-    accept = valid & (tf.math.log(_uniform(s_accept, lsw.dtype)) < lsw_sub - lsw)
+    accept = _computed_once(valid & (tf.math.log(_uniform(s_accept, lsw.dtype)) < lsw_sub - lsw))
     q_s, g_s, l_s, e_s = (_where(accept, a, b)
                           for a, b in ((qp, q_s), (gp, g_s), (lp, l_s), (ep, e_s)))
     p_near, p_far = _where(forward, pf, pb), _where(forward, pb, pf)
