@@ -193,7 +193,14 @@ def test_one_gradient_block_and_it_is_last():
         # build_tree's entry, where members descend
         tree = [i for i, owner in enumerate(program.owners) if owner == "build_tree"]
         assert program.entries["build_tree"] > tree[0]
-    assert len(as_run[0][1].blocks) < len(fn.lowered().blocks)
+        # a chain whose trajectory goes on returns from the doubling's block straight to the
+        # block that starts the next doubling: no block of its own for the loop's test
+        doubling = [i for i, b in enumerate(program.blocks) for op in b.ops
+                    if isinstance(op, ir.Primitive) and "extend(" in op.text]
+        next_doubling = [i for i, b in enumerate(program.blocks) for op in b.ops
+                         if isinstance(op, ir.Primitive) and "_choose_direction(" in op.text]
+        assert len(doubling) == len(next_doubling) == 1
+        assert next_doubling[0] in ir.successors(program.blocks[doubling[0]].terminator)
 
 
 def _uninterrupted(kernel, state, first_seed, trajectories):
@@ -229,6 +236,34 @@ def test_run_ahead_follows_each_chains_uninterrupted_trajectories(runtime):
         np.testing.assert_array_equal(r.total_leapfrogs_taken, want_leapfrogs)
         ahead += int(np.sum(np.asarray(r.machine[0]["vals"]["run_trajectories.t"]) > 2 * j))
     assert ahead > 0  # some chain was past the step's trajectories when it paused
+
+
+def test_run_ahead_records_every_steps_state_wherever_the_pause_falls():
+    """30 chains, 3 trajectories a step: some chain finishes the trajectory at its cap (the
+    next step's target) just as the machine pauses.  Resumed, it must still record that
+    trajectory's state as the step's result, not go on from the cap it re-reads and leave
+    the step the state of the one before (a frozen chain)."""
+    prec = tf.constant(np.diag(np.logspace(0, 2, 6)).astype(np.float32))
+
+    def target(x):
+        return -0.5 * tf.reduce_sum(tf.matmul(x, prec) * x, -1)
+    x0 = tf.constant(np.random.default_rng(1).normal(size=(30, 6)).astype(np.float32) * 0.3)
+    kernel = NoUTurnSampler(target, step_size=0.08, num_trajectories_per_step=3,
+                            run_ahead=True)
+    spec = nuts._StateSpec([x0], 1)
+    q = spec.flatten([x0])
+    logp, g = spec.value_and_grad(target, q)
+    step_seed, _ = samplers.split_seed(samplers.sanitize_seed((3, 0)))  # as one_step does
+    seeds = nuts.chain_seeds(step_seed, 30)
+    uninterrupted = kernel._program(spec, batched=True)  # each chain's own seed stream
+    x, r = x0, kernel.bootstrap_results(x0)
+    for i in range(4):
+        x, r = kernel.one_step(x, r, seed=(3, i))
+        n = tf.constant(3 * (i + 1), tf.int32)
+        want = uninterrupted(*kernel._arguments(spec, [x0], r.step_size, n, n, q, logp, g,
+                                                 seeds))
+        np.testing.assert_allclose(x, want[0], rtol=1e-5, atol=1e-5, err_msg=f"step {i}")
+        np.testing.assert_array_equal(r.total_leapfrogs_taken, want[5])
 
 
 def test_run_ahead_raises_utilization_past_the_per_step_ceiling():
@@ -479,6 +514,57 @@ def test_values_computed_once_are_unchanged(mode):
         fn = tf.function(fn, jit_compile=mode == "xla", autograph=False)
     np.testing.assert_array_equal(fn(tf.constant(flags)).numpy(), flags)
     np.testing.assert_array_equal(fn(tf.constant(ints)).numpy(), ints)
+    for dtype, bits in ((np.float32, np.int32), (np.float64, np.int64)):
+        info = np.finfo(dtype)
+        floats = np.concatenate([rng.normal(size=250) * 10.0 ** rng.integers(-30, 30, 250),
+                                 [0.0, -0.0, np.inf, -np.inf, np.nan, info.max, info.min,
+                                  info.tiny, info.tiny / 4, -info.tiny / 8]]).astype(dtype)
+        got = fn(tf.constant(floats)).numpy()
+        np.testing.assert_array_equal(got.view(bits), floats.view(bits))  # bit for bit
+
+
+def test_a_float_value_used_four_times_is_computed_once_under_xla():
+    """A momentum read by four consumers (both trajectory ends, the summed momentum, the
+    kinetic energy) is computed once: without the fusion stop, XLA fuses its 40
+    multiplications into each consumer."""
+    def momentum(x):
+        for _ in range(40):
+            x = x * 1.001 - 0.01
+        return x
+
+    def uses(x, stop=nuts._computed_once):
+        p = stop(momentum(x))
+        return p + 1.0, p - 2.0, tf.abs(p), tf.reduce_sum(tf.square(p), -1)
+    x = tf.constant(np.random.default_rng(6).normal(size=(64, 16)), tf.float32)
+    compiled = tf.function(lambda x: uses(x), jit_compile=True, autograph=False)
+    hlo = compiled.experimental_get_compiler_ir(x)(stage="optimized_hlo")
+    assert _instruction_count(hlo, "multiply") <= 41, hlo  # the chain once, and the square
+    # the values are the stop's input (bit for bit: the abs); what its consumers compute
+    # from them may round differently from the fused program (XLA folds and contracts
+    # arithmetic across what it fuses)
+    fused = tf.function(lambda x: uses(x, tf.identity), jit_compile=True, autograph=False)
+    for got, want in zip(compiled(x), fused(x)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(compiled(x)[2].numpy(), fused(x)[2].numpy())
+
+
+@pytest.mark.parametrize("per_step", [1, 3])
+def test_no_momentum_is_drawn_after_a_calls_last_trajectory(monkeypatch, per_step):
+    """A step's chains draw one momentum per trajectory they run: none for a trajectory
+    after the step's last, which the next step would not use (it starts from its own
+    seeds)."""
+    draws = []
+
+    def counted(seed, q):
+        draws.append(int(q.shape[0]))
+        return draw(seed, q)
+    draw = nuts._draw_trajectory
+    monkeypatch.setattr(nuts, "_draw_trajectory", counted)
+    kernel = NoUTurnSampler(_two_part_log_prob, step_size=0.3, runtime="python",
+                            num_trajectories_per_step=per_step)
+    state = _two_part_state()
+    kernel.one_step(state, kernel.bootstrap_results(state), seed=(4, 1))
+    assert sum(draws) == CHAINS * per_step
 
 
 def _instruction_count(hlo: str, op: str) -> int:

@@ -93,8 +93,12 @@ def _traced_once(fn: Callable) -> Callable:
     return call
 
 
+_BITS_OF = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32,
+            tf.float64: tf.int64}
+
+
 def _computed_once(x: tf.Tensor) -> tf.Tensor:
-    """``x`` (bool or integer), computed once into a buffer of its own by XLA.
+    """``x`` (bool, integer or float), computed once into a buffer of its own by XLA.
 
     XLA fuses cheap elementwise work into each consumer and recomputes it there per element:
     a per-chain ``[B]`` predicate (dozens of operations: U-turn checks, log-weights) selecting
@@ -103,12 +107,14 @@ def _computed_once(x: tf.Tensor) -> tf.Tensor:
     it.  XLA:CPU drops optimization barriers before fusing, but never fuses an *expensive*
     producer into a consumer that reads each element several times, nor duplicates one: a
     square root (exact on 0 and 1) ends a predicate, an integer division by a one XLA cannot
-    see is one (``(x | 1) / (x | 1)``) ends an integer.  A few [B] operations in a graph;
-    eagerly ``x`` itself."""
+    see is one (``(x | 1) / (x | 1)``) ends an integer, and a float goes through it as the
+    integer of its bits.  A few operations per element in a graph; eagerly ``x`` itself."""
     if tf.executing_eagerly():
         return x
     if x.dtype == tf.bool:
         return tf.sqrt(tf.cast(x, tf.float32)) > 0.5
+    if x.dtype.is_floating:
+        return tf.bitcast(_computed_once(tf.bitcast(x, _BITS_OF[x.dtype])), x.dtype)
     odd = tf.bitwise.bitwise_or(x, tf.ones([], x.dtype))
     return tf.truncatediv(x, tf.truncatediv(odd, odd))
 
@@ -498,13 +504,13 @@ def _draw_trajectory(seed, q):
     """What the trajectory that ``seed`` starts from ``q`` (``[B, D]``) draws: the chain's
     seed after it, its own seed and its fresh momentum.
 
-    A primitive of its own, assigned in a block before the trajectory's start: XLA fuses an
-    elementwise value into each of its consumers, and the start uses the momentum four times
-    (both ends, the summed momentum, the energy), so drawn there its Box-Muller cosines and
-    logarithms were computed four times; passed in a program variable, it is computed once."""
+    The momentum is computed once (:func:`_computed_once`): XLA fuses an elementwise value
+    into each of its consumers, and the start uses the momentum four times (both ends, the
+    summed momentum, the energy), which computed its Box-Muller cosines and logarithms four
+    times."""
     seed, s_traj = _split(seed, 2)
     s_traj, s_momentum = _split(s_traj, 2)
-    return seed, s_traj, _normal(s_momentum, q.shape[-1], q.dtype)
+    return seed, s_traj, _computed_once(_normal(s_momentum, q.shape[-1], q.dtype))
 
 
 def _start_trajectory(seed, s_traj, q, logp, g, p):
@@ -572,6 +578,12 @@ def _finish_trajectory(unrolled: int, go, t, leapfrogs, stats, leaves, metro, ac
 def _same(*values):
     """The values themselves (records a copy of program variables)."""
     return values
+
+
+def _kept_if(keep, *values):
+    """Per chain, the first half of ``values`` where ``keep``, else the second half."""
+    half = len(values) // 2
+    return _where_each(keep, values[:half], values[half:])
 
 
 def _all_reached(registers: dict) -> tf.Tensor:
@@ -819,13 +831,13 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         them), counting on from ``t`` trajectories and ``leapfrogs`` leapfrogs (and the last
         trajectory's statistics), until ``cap`` trajectories; the state after trajectory
         ``target`` is kept as the output (``q`` itself when ``t`` is ``target`` already).
-        One loop iteration is one doubling of the current trajectory; a chain whose trajectory stops
-        starts its next one in the same iteration, so chains at different trajectories share
-        every block, the gradient included.  The start is a branch of its own (a block that
-        only chains starting a trajectory wait at), not selects in the doubling's block:
-        drawing a momentum costs a few [B, D] passes, and the doubling's block runs whenever
-        any chain finishes a doubling (10 trajectories per step at 1000 chains: one step 1.95
-        -> 1.20 s).
+        The outer loop runs trajectories, the inner one their doublings; chains at different
+        trajectories share every block, the gradient included.  The start of a trajectory is
+        a block of its own (only chains starting one wait at it), not selects in the
+        doubling's block: drawing a momentum costs a few [B, D] passes, and the doubling's
+        block runs whenever any chain finishes a doubling (10 trajectories per step at 1000
+        chains: one step 1.95 -> 1.20 s).  No momentum is drawn after the call's last
+        trajectory: the next call starts from its own arguments.
 
         Returns the output (state, log-density, gradient, statistics, leapfrogs so far), then
         where the chain stands — its state, the seed its next trajectory starts from, its
@@ -840,32 +852,39 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
          leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(
              seed_next, seed_next_t, q, logp, g, p_0)
         while t < cap:
-            (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
-             l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
-            (q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub, metro_sub,
-             leaves_sub, valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i, eps, h0,
-                                          seed_tree)
-            leaves, metro, div_t = _tally(leaves, leaves_sub, metro, metro_sub, div_t, div_sub)
-            (seed_t, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
-             accepted_t, reach_max_t, go) = extend(
-                 seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
-                 depth, accepted_t, q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub,
-                 valid)
-            (t, leapfrogs, log_accept, accepted, reach_max, div, energy) = finish(
-                go, t, leapfrogs, (log_accept, accepted, reach_max, div, energy), leaves, metro,
-                accepted_t, reach_max_t, div_t, e_s)
-            if not go:  # the sample is the chain's state: it starts the next trajectory
-                # drawn a block before the start, which reads them as variables (see
-                # _draw_trajectory)
-                seed_next, seed_next_t, p_0 = _draw_trajectory(seed, q_s)
-                if t == target:
-                    (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out,
-                     div_out, e_out, t_out) = _same(q_s, l_s, g_s, leapfrogs, log_accept,
-                                                    accepted, reach_max, div, energy, t)
-                seed_0 = tf.identity(seed)
-                (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
-                 depth, leaves, metro, accepted_t, reach_max_t,
-                 div_t) = _start_trajectory(seed_next, seed_next_t, q_s, l_s, g_s, p_0)
+            while True:  # one doubling of the trajectory per iteration
+                (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
+                 l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
+                (q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub, lsw_sub, metro_sub,
+                 leaves_sub, valid, div_sub) = build_tree(depth, direction, q_i, p_i, g_i, l_i,
+                                                          eps, h0, seed_tree)
+                leaves, metro, div_t = _tally(leaves, leaves_sub, metro, metro_sub, div_t,
+                                              div_sub)
+                (seed_t, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
+                 accepted_t, reach_max_t, go) = extend(
+                     seed_t, forward, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho,
+                     lsw, depth, accepted_t, q_e, p_e, g_e, l_e, qp, gp, lp, ep, p_beg, rho_sub,
+                     lsw_sub, valid)
+                (t, leapfrogs, log_accept, accepted, reach_max, div, energy) = finish(
+                    go, t, leapfrogs, (log_accept, accepted, reach_max, div, energy), leaves,
+                    metro, accepted_t, reach_max_t, div_t, e_s)
+                if not go:
+                    break
+            # The trajectory stopped: its sample is the chain's state.  Recorded, and the cap
+            # tested, in one block: a paused run resumes with target and cap re-read, and a
+            # pause between the two would skip the record (a stale state for that step).
+            (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out, div_out,
+             e_out, t_out) = _kept_if(
+                 t == target, q_s, l_s, g_s, leapfrogs, log_accept, accepted, reach_max, div,
+                 energy, t, q_out, l_out, g_out, leap_out, log_accept_out, accepted_out,
+                 reach_out, div_out, e_out, t_out)
+            seed_0 = tf.identity(seed)
+            if t >= cap:  # the call's last trajectory: no next one to draw
+                break
+            seed_next, seed_next_t, p_0 = _draw_trajectory(seed, q_s)
+            (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw,
+             depth, leaves, metro, accepted_t, reach_max_t,
+             div_t) = _start_trajectory(seed_next, seed_next_t, q_s, l_s, g_s, p_0)
         return (q_out, l_out, g_out, log_accept_out, accepted_out, leap_out, reach_out, div_out,
                 q_s, l_s, g_s, seed_0, t, leapfrogs, log_accept, accepted, reach_max, div,
                 energy, t_out, e_out)

@@ -586,8 +586,17 @@ class _Machine:
                 for i in range(self.halt)])
             return steps + 1, _merge(small, changed), apply_if_written(nxt, big, writes)
 
+        # Members at a return of main have decided to halt on values a resumed call may
+        # refresh (a NUTS chain at its last trajectory): they halt before the machine pauses,
+        # and start over from the next call's arguments, rather than halt on stale ones.
+        returning = [i for i, b in enumerate(self.p.blocks)
+                     if isinstance(b.terminator, ir.Return) and b.terminator.target == self.halt]
+
         def paused(small):
-            return tf.constant(False) if until is None else until(self.main_registers(small))
+            if until is None:
+                return tf.constant(False)
+            about_to_halt = tf.reduce_any(tf.equal(small["pc"][:, None], returning))
+            return until(self.main_registers(small)) & ~about_to_halt
 
         def cond(steps, small, big):
             return tf.logical_and(steps < max_steps, tf.reduce_min(small["pc"]) < self.halt) \
@@ -732,7 +741,9 @@ def idle_machine(fn: Any, args: Sequence[Any], opts: Mapping[str, Any]) -> tuple
 def call_resumable(fn: Any, args: Sequence[Any], opts: Mapping[str, Any], machine: tuple,
                    until: Callable[[dict], tf.Tensor], refresh: Sequence[str] = ()) -> tuple:
     """``fn(*args)`` that pauses: the loop stops as soon as ``until(registers)`` (main's
-    variables by source name, ``[B, ...]`` each) is true, or when every member has returned.
+    variables by source name, ``[B, ...]`` each) is true and no member is at a return of main
+    (it returns first: it decided to on values the next call may refresh), or when every
+    member has returned.
     Goes on from ``machine`` (a previous call's, or :func:`idle_machine`): members that had
     returned start over from ``args``, the others continue, re-reading main's parameters
     named in ``refresh``.  Returns ``(result, registers, machine)``; ``result`` holds only for

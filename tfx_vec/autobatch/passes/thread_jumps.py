@@ -152,8 +152,6 @@ def _thread(f: ir.Function, flags: dict[str, bool]) -> tuple[ir.Function, int]:
 
     for i, b in enumerate(f.blocks):
         known, t = _known_after(b, flags), b.terminator
-        if not known:
-            continue
         if isinstance(t, ir.Jump):
             t = ir.Jump(follow(t.target, known))
             target = f.blocks[t.target]
