@@ -238,16 +238,26 @@ def test_run_ahead_follows_each_chains_uninterrupted_trajectories(runtime):
     assert ahead > 0  # some chain was past the step's trajectories when it paused
 
 
+def _stiff_gaussian(on_call=lambda: None):
+    """A 6-d Gaussian with scales 1 to 0.1 (trajectories of very unequal lengths)."""
+    prec = tf.constant(np.diag(np.logspace(0, 2, 6)).astype(np.float32))
+
+    def target(x):
+        on_call()
+        return -0.5 * tf.reduce_sum(tf.matmul(x, prec) * x, -1)
+    return target
+
+
+def _stiff_start():
+    return tf.constant(np.random.default_rng(1).normal(size=(30, 6)).astype(np.float32) * 0.3)
+
+
 def test_run_ahead_records_every_steps_state_wherever_the_pause_falls():
     """30 chains, 3 trajectories a step: some chain finishes the trajectory at its cap (the
     next step's target) just as the machine pauses.  Resumed, it must still record that
     trajectory's state as the step's result, not go on from the cap it re-reads and leave
     the step the state of the one before (a frozen chain)."""
-    prec = tf.constant(np.diag(np.logspace(0, 2, 6)).astype(np.float32))
-
-    def target(x):
-        return -0.5 * tf.reduce_sum(tf.matmul(x, prec) * x, -1)
-    x0 = tf.constant(np.random.default_rng(1).normal(size=(30, 6)).astype(np.float32) * 0.3)
+    target, x0 = _stiff_gaussian(), _stiff_start()
     kernel = NoUTurnSampler(target, step_size=0.08, num_trajectories_per_step=3,
                             run_ahead=True)
     spec = nuts._StateSpec([x0], 1)
@@ -271,13 +281,7 @@ def test_run_ahead_raises_utilization_past_the_per_step_ceiling():
     chain needs (the ceiling of synchronizing every T trajectories); running ahead, the
     chains that finish early spend that time on their next trajectories."""
     calls = tf.Variable(0, dtype=tf.int64)
-    prec = tf.constant(np.diag(np.logspace(0, 2, 6)).astype(np.float32))
-
-    def target(x):
-        calls.assign_add(1)
-        return -0.5 * tf.reduce_sum(tf.matmul(x, prec) * x, -1)
-
-    x0 = tf.constant(np.random.default_rng(1).normal(size=(30, 6)).astype(np.float32) * 0.3)
+    target, x0 = _stiff_gaussian(lambda: calls.assign_add(1)), _stiff_start()
     result = {}
     for run_ahead in (False, True):
         kernel = NoUTurnSampler(target, step_size=0.08, num_trajectories_per_step=3,

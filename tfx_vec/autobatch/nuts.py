@@ -93,10 +93,6 @@ def _traced_once(fn: Callable) -> Callable:
     return call
 
 
-_BITS_OF = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32,
-            tf.float64: tf.int64}
-
-
 def _computed_once(x: tf.Tensor) -> tf.Tensor:
     """``x`` (bool, integer or float), computed once into a buffer of its own by XLA.
 
@@ -114,7 +110,8 @@ def _computed_once(x: tf.Tensor) -> tf.Tensor:
     if x.dtype == tf.bool:
         return tf.sqrt(tf.cast(x, tf.float32)) > 0.5
     if x.dtype.is_floating:
-        return tf.bitcast(_computed_once(tf.bitcast(x, _BITS_OF[x.dtype])), x.dtype)
+        bits = tf.as_dtype(f"int{8 * x.dtype.size}")  # the integer of the same width
+        return tf.bitcast(_computed_once(tf.bitcast(x, bits)), x.dtype)
     odd = tf.bitwise.bitwise_or(x, tf.ones([], x.dtype))
     return tf.truncatediv(x, tf.truncatediv(odd, odd))
 
