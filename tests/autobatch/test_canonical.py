@@ -94,3 +94,59 @@ def _bad_comprehension(x):
 def test_batched_calls_where_they_cannot_be_lifted(fn, what):
     with pytest.raises(ab.UnsupportedSyntaxError, match=rf"{THIS}:\d+: .*{what}"):
         ab.function(fn)([1, 2])
+
+
+def _specialized(flag, limit):
+    @ab.function
+    def f(n):
+        if flag:  # a closure's Python bool: decided when f is compiled
+            n = n * 2
+        else:
+            n = n + 1
+        while not flag or n < limit:  # `not flag` true: a loop that only its break leaves
+            n = n + 3
+            if n > limit:
+                break
+        if flag and limit > 5:
+            return n - 1  # what follows is dropped where this always returns
+        return n + 100
+    return f
+
+
+@pytest.mark.parametrize("flag,limit", [(True, 9), (False, 9), (True, 2), (False, 2)])
+def test_tests_on_python_values_are_decided_when_compiled(flag, limit):
+    f = _specialized(flag, limit)
+    text = _text(f)
+    assert "flag" not in text and "limit > 5" not in text
+    assert ("n * 2" in text) == flag and bool(re.search(r"n \+ 1\b", text)) != flag
+    assert ("n + 100" in text) == (not (flag and limit > 5))
+    n = np.array([-4, 0, 3, 11], np.int32)
+    want = reference(f, n)
+    for name, got in on_every_runtime(f, n).items():
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@ab.function
+def branches_on_values(n):
+    flag = n > 2  # a local: a batched branch, even with a global of the same name
+    if flag or SHARED_LIMIT > 100:
+        n = n - 1
+    if LIMIT_TENSOR > 0:  # a tensor: stays a test of the program
+        n = n * 3
+    return n
+
+
+SHARED_LIMIT = 10
+LIMIT_TENSOR = tf.constant(1)
+flag = True
+
+
+def test_tests_on_locals_and_tensors_stay_batched():
+    text = _text(branches_on_values)
+    assert "SHARED_LIMIT" not in text  # the static operand that cannot decide is dropped
+    assert "LIMIT_TENSOR" in text and "flag" in text
+    n = np.array([0, 3, 5], np.int32)
+    want = reference(branches_on_values, n)
+    np.testing.assert_array_equal(want, [0, 6, 12])
+    for name, got in on_every_runtime(branches_on_values, n).items():
+        np.testing.assert_array_equal(got, want, err_msg=name)

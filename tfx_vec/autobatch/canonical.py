@@ -10,6 +10,9 @@ front end uses them):
 1. :func:`read_source`: ``parser.parse_entity`` and ``inspect_utils`` (the namespace of
    globals and closure cells the function's names resolve in), ``origin_info`` (source lines).
 2. :func:`check_syntax`: what cannot be batched is refused, naming file and line.
+   :func:`fold_static_tests`: an ``if`` testing only Python values the function reads from
+   its closure or module (a flag, a count) is decided now, as Python (and AutoGraph) would
+   decide it, and the code after a ``return``, ``break`` or ``continue`` is dropped.
 3. :func:`hoist_loop_calls`: a ``while`` whose test calls a batched function tests at the top
    of a ``while True`` body instead (A-normal form cannot precompute a loop test).
 4. AutoGraph's ``break_statements``, ``continue_statements`` and ``return_statements``
@@ -51,9 +54,11 @@ import builtins
 import dataclasses
 import inspect
 import itertools
+import operator
 from typing import Any, Callable
 
 import gast
+import numpy as np
 from tensorflow.python.autograph.converters import (break_statements, continue_statements,
                                                     return_statements)
 from tensorflow.python.autograph.core import converter
@@ -67,7 +72,7 @@ from .errors import UnsupportedSyntaxError
 from .logic import PREFIX
 
 __all__ = ["Source", "Canonical", "canonicalize", "read_source", "check_syntax",
-           "hoist_loop_calls", "strip_return_guards", "rewrite_logic", "extra_loop_test"]
+           "fold_static_tests", "hoist_loop_calls", "strip_return_guards", "rewrite_logic", "extra_loop_test"]
 
 _REJECTED_STMTS = {
     "Try": "try/except", "TryStar": "try/except*", "With": "with", "AsyncWith": "async with",
@@ -297,6 +302,120 @@ def _check_range_loop(src: Source, node: gast.For, local_names: set[str]) -> Non
 # {{{ canonicalizing transformations
 
 
+# {{{ tests decided when the function is compiled
+
+_NOT_STATIC = object()
+_STATIC_TYPES = (bool, int, float, str, type(None), np.bool_, np.integer, np.floating)
+_COMPARE = {gast.Eq: operator.eq, gast.NotEq: operator.ne, gast.Lt: operator.lt,
+            gast.LtE: operator.le, gast.Gt: operator.gt, gast.GtE: operator.ge,
+            gast.Is: operator.is_, gast.IsNot: operator.is_not}
+
+
+def _static_value(src: Source, node: gast.expr, local_names: set[str]) -> Any:
+    """The value of ``node`` when it is made of constants and of names that are not the
+    function's own and hold Python or NumPy scalars, with ``not``, ``and``, ``or`` and
+    comparisons (nothing is called); ``_NOT_STATIC`` otherwise."""
+    if isinstance(node, gast.Constant):
+        return node.value
+    if isinstance(node, gast.Name):
+        if node.id in local_names or node.id not in src.namespace:
+            return _NOT_STATIC
+        value = src.namespace[node.id]
+        return value if isinstance(value, _STATIC_TYPES) else _NOT_STATIC
+    parts: list = []
+    if isinstance(node, gast.UnaryOp) and isinstance(node.op, gast.Not):
+        parts = [node.operand]
+    elif isinstance(node, gast.BoolOp):
+        parts = node.values
+    elif isinstance(node, gast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        parts = [node.left, *node.comparators]
+    values = [_static_value(src, x, local_names) for x in parts]
+    if not values or any(v is _NOT_STATIC for v in values):
+        return _NOT_STATIC
+    if isinstance(node, gast.UnaryOp):
+        return not values[0]
+    if isinstance(node, gast.BoolOp):
+        return (all if isinstance(node.op, gast.And) else any)(bool(v) for v in values)
+    return all(_COMPARE[type(op)](a, b)
+               for op, a, b in zip(node.ops, values[:-1], values[1:]))
+
+
+def _folded_test(src: Source, node: gast.expr, local_names: set[str]) -> Any:
+    """A test decided now (a bool), or the test with the static operands of its top ``and``
+    / ``or`` that cannot change its value dropped (``flag or x < n`` -> ``x < n`` when
+    ``flag`` is false); a static operand that decides it decides it only when it comes
+    first (what follows may call a batched function)."""
+    value = _static_value(src, node, local_names)
+    if value is not _NOT_STATIC:
+        return bool(value)
+    if not isinstance(node, gast.BoolOp):
+        return node
+    deciding = isinstance(node.op, gast.Or)  # the operand value that decides an `or`
+    kept = []
+    for x in node.values:
+        v = _static_value(src, x, local_names)
+        if v is _NOT_STATIC:
+            kept.append(x)
+        elif bool(v) == deciding and not kept:
+            return deciding
+        elif bool(v) == deciding:
+            kept.append(x)
+    return kept[0] if len(kept) == 1 else gast.BoolOp(op=node.op, values=kept)
+
+
+_LEAVES = (gast.Return, gast.Break, gast.Continue)
+
+
+def _fold_body(src: Source, stmts: list, local_names: set[str], changed: list) -> list:
+    """``stmts`` with static tests decided, recursively, and cut after the first statement
+    that never lets control reach the next one; ``changed`` gets an entry per change."""
+    out: list = []
+    for k, s in enumerate(stmts):
+        if isinstance(s, (gast.If, gast.While)):
+            test = _folded_test(src, s.test, local_names)
+            if test is not s.test:
+                changed.append(s)
+            if isinstance(s, gast.If) and isinstance(test, bool):
+                out.extend(_fold_body(src, s.body if test else s.orelse, local_names, changed))
+                if out and isinstance(out[-1], _LEAVES):
+                    break
+                continue
+            if isinstance(s, gast.While) and test is False:
+                out.extend(_fold_body(src, s.orelse, local_names, changed))
+                continue
+            s.test = gast.Constant(value=True, kind=None) if test is True else test
+        for field in ("body", "orelse"):
+            if getattr(s, field, None):
+                setattr(s, field, _fold_body(src, getattr(s, field), local_names, changed)
+                        or [gast.Pass()])
+        out.append(s)
+        endless = (isinstance(s, gast.While) and isinstance(s.test, gast.Constant)
+                   and s.test.value is True and not _breaks(s.body))
+        if isinstance(s, _LEAVES) or endless:
+            changed.extend(stmts[k + 1:])
+            break
+    return out
+
+
+def fold_static_tests(src: Source, ctx: transformer.Context,
+                      fdef: gast.FunctionDef) -> gast.FunctionDef:
+    """Decide each ``if`` or ``while`` test that reads only Python values from the
+    function's closure or module (``if many_steps:``, ``while done_once or n > 0:``),
+    keeping the branch taken (a ``while`` decided true loops until it breaks), and drop what
+    follows a ``return``, ``break``, ``continue`` or a loop that never breaks: the program is
+    specialized on those values when it is compiled (as a ``tf.function`` traces Python
+    conditions once), and the branch not taken costs no blocks.  A test reading a local,
+    a tensor or a call stays a batched branch.  Returns the tree, names resolved again if it
+    changed."""
+    changed: list = []
+    fdef.body = _fold_body(src, fdef.body, _locals_of(fdef), changed)
+    if not changed:
+        return fdef
+    return activity.resolve(qual_names.resolve(fdef), ctx, None)
+
+# }}}
+
+
 class _Gensym:
     """Fresh names with the reserved prefix (user locals never start with it)."""
 
@@ -513,7 +632,7 @@ def canonicalize(fn: Callable) -> Canonical:
         batched.
     """
     src, ctx = read_source(fn)
-    fdef = check_syntax(src, ctx)
+    fdef = fold_static_tests(src, ctx, check_syntax(src, ctx))
     gensym = _Gensym(itertools.count(1))
     hoist_loop_calls(src, fdef, gensym)
     fdef = break_statements.transform(fdef, ctx)
