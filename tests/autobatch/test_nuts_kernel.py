@@ -208,7 +208,9 @@ def _uninterrupted(kernel, state, first_seed, trajectories):
     own seed stream, in one uninterrupted run of the per-chain program (no steps, no
     pausing): what run-ahead steps must return, wherever their pauses fell."""
     spec = nuts._StateSpec(state, 1)
-    program = kernel._program(spec, batched=False)
+    # the program for several trajectories a call (with one a call, the program compiled
+    # runs exactly one)
+    program = kernel.copy(num_trajectories_per_step=2)._program(spec, batched=False)
     q = spec.flatten(state)
     logp, g = spec.value_and_grad(kernel.target_log_prob_fn, q)
     step_seed, _ = samplers.split_seed(samplers.sanitize_seed(first_seed))  # as one_step does

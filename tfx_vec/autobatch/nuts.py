@@ -783,12 +783,14 @@ def _block_diagonal(blocks: list) -> Any:
 
 @tf.autograph.experimental.do_not_convert  # the autobatch front end must see our source
 def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unrolled: int,
-                  wrap: Callable[[Callable], Callable], subtree_depth: int = 0) -> Callable:
+                  wrap: Callable[[Callable], Callable], subtree_depth: int = 0,
+                  one_trajectory: bool = False) -> Callable:
     """The NUTS program for one chain; ``wrap`` batches each function (or is the identity).
 
     ``run_trajectories(t, leapfrogs, *last_statistics, target, cap, q, logp, g, eps, seed)``
     runs NUTS trajectories one after the other from state ``q`` (with log-density ``logp`` and
-    gradient ``g``); see its docstring.
+    gradient ``g``); see its docstring.  ``one_trajectory``: every call runs exactly one
+    (``t`` 0, ``target`` and ``cap`` 1), and the program is compiled for that.
     """
     leaf = functools.partial(_small_tree, functools.partial(_leaf, vg, unrolled, max_energy_diff),
                              subtree_depth)
@@ -836,19 +838,25 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
         chains: one step 1.95 -> 1.20 s).  No momentum is drawn after the call's last
         trajectory: the next call starts from its own arguments.
 
+        With ``one_trajectory`` (one trajectory a call and no run-ahead, the default) the
+        tests on it are decided when the program is compiled: the trajectory's sample is the
+        output as it stops, with no output copies, record or cap test (two blocks fewer to
+        compile and to guard in every loop step).
+
         Returns the output (state, log-density, gradient, statistics, leapfrogs so far), then
         where the chain stands — its state, the seed its next trajectory starts from, its
         trajectory and leapfrog counts — so that a later call can go on from there, and the
         trajectory count of the output (which a paused run-ahead step waits for)."""
-        (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out, div_out,
-         e_out, t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max, div,
-                               energy, t)
-        seed_0 = tf.identity(seed)
+        if not one_trajectory:
+            (q_out, l_out, g_out, leap_out, log_accept_out, accepted_out, reach_out, div_out,
+             e_out, t_out) = _same(q, logp, g, leapfrogs, log_accept, accepted, reach_max,
+                                   div, energy, t)
+            seed_0 = tf.identity(seed)
         seed_next, seed_next_t, p_0 = _draw_trajectory(seed, q)
         (seed, seed_t, h0, qf, pf, gf, lf, qb, pb, gb, lb, q_s, g_s, l_s, e_s, rho, lsw, depth,
          leaves, metro, accepted_t, reach_max_t, div_t) = _start_trajectory(
              seed_next, seed_next_t, q, logp, g, p_0)
-        while t < cap:
+        while one_trajectory or t < cap:
             while True:  # one doubling of the trajectory per iteration
                 (seed_t, seed_tree, forward, direction, q_i, p_i, g_i,
                  l_i) = _choose_direction(seed_t, qf, pf, gf, lf, qb, pb, gb, lb)
@@ -867,6 +875,10 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
                     metro, accepted_t, reach_max_t, div_t, e_s)
                 if not go:
                     break
+            if one_trajectory:
+                return (q_s, l_s, g_s, log_accept, accepted, leapfrogs, reach_max, div, q_s,
+                        l_s, g_s, seed, t, leapfrogs, log_accept, accepted, reach_max, div,
+                        energy, t, energy)
             # The trajectory stopped: its sample is the chain's state.  Recorded, and the cap
             # tested, in one block: a paused run resumes with target and cap re-read, and a
             # pause between the two would skip the record (a stale state for that step).
@@ -1200,7 +1212,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         """A kernel with some parameters replaced.  Changing only ``step_size``,
         ``num_trajectories_per_step``, ``runtime``, ``seed``, ``name``,
         ``parallel_iterations`` or a diagonal ``momentum_distribution`` keeps the compiled
-        programs (they take those as inputs or options)."""
+        programs (they take those as inputs or options; one trajectory a call and several
+        are two programs, each compiled once)."""
         params = {**self.parameters, **override_parameter_kwargs}
         new = type(self)(**params)
         program_params = ("target_log_prob_fn", "max_tree_depth", "max_energy_diff",
@@ -1255,7 +1268,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     def _program(self, spec: _StateSpec, batched: bool) -> Callable:
         subtree_depth = self._subtree_depth(spec)
-        key = (spec.key, batched, subtree_depth)
+        one_trajectory = self.num_trajectories_per_step == 1 and not self.run_ahead
+        key = (spec.key, batched, subtree_depth, one_trajectory)
         if key not in self._programs:
             vg = self._value_and_grad(spec)
             if batched:
@@ -1267,7 +1281,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                 wrap = _identity
             self._programs[key] = _make_program(vg, self.max_tree_depth, self.max_energy_diff,
                                                 self.unrolled_leapfrog_steps, wrap,
-                                                subtree_depth)
+                                                subtree_depth, one_trajectory)
         return self._programs[key]
 
     def _value_and_grad(self, spec: _StateSpec) -> Callable:
