@@ -373,6 +373,8 @@ def _fold_body(src: Source, stmts: list, local_names: set[str], changed: list) -
     for k, s in enumerate(stmts):
         if isinstance(s, (gast.If, gast.While)):
             test = _folded_test(src, s.test, local_names)
+            if test is True and isinstance(s.test, gast.Constant) and s.test.value is True:
+                test = s.test  # `while True:` as it is
             if test is not s.test:
                 changed.append(s)
             if isinstance(s, gast.If) and isinstance(test, bool):
@@ -383,7 +385,10 @@ def _fold_body(src: Source, stmts: list, local_names: set[str], changed: list) -
             if isinstance(s, gast.While) and test is False:
                 out.extend(_fold_body(src, s.orelse, local_names, changed))
                 continue
-            s.test = gast.Constant(value=True, kind=None) if test is True else test
+            if test is True:
+                test = gast.Constant(value=True, kind=None)
+                anno.copyanno(s.test, test, anno.Basic.ORIGIN)
+            s.test = test
         for field in ("body", "orelse"):
             if getattr(s, field, None):
                 setattr(s, field, _fold_body(src, getattr(s, field), local_names, changed)
