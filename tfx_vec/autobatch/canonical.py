@@ -10,9 +10,9 @@ front end uses them):
 1. :func:`read_source`: ``parser.parse_entity`` and ``inspect_utils`` (the namespace of
    globals and closure cells the function's names resolve in), ``origin_info`` (source lines).
 2. :func:`check_syntax`: what cannot be batched is refused, naming file and line.
-   :func:`fold_static_tests`: an ``if`` testing only Python values the function reads from
-   its closure or module (a flag, a count) is decided now, as Python (and AutoGraph) would
-   decide it, and the code after a ``return``, ``break`` or ``continue`` is dropped.
+   :func:`fold_static_tests`: an ``if`` or ``while`` testing only Python values the function
+   reads from its closure or module (a flag, a count) is decided now, as a ``tf.function``
+   trace decides Python conditions, and code that can no longer run is dropped.
 3. :func:`hoist_loop_calls`: a ``while`` whose test calls a batched function tests at the top
    of a ``while True`` body instead (A-normal form cannot precompute a loop test).
 4. AutoGraph's ``break_statements``, ``continue_statements`` and ``return_statements``
@@ -72,7 +72,8 @@ from .errors import UnsupportedSyntaxError
 from .logic import PREFIX
 
 __all__ = ["Source", "Canonical", "canonicalize", "read_source", "check_syntax",
-           "fold_static_tests", "hoist_loop_calls", "strip_return_guards", "rewrite_logic", "extra_loop_test"]
+           "fold_static_tests", "hoist_loop_calls", "strip_return_guards", "rewrite_logic",
+           "extra_loop_test"]
 
 _REJECTED_STMTS = {
     "Try": "try/except", "TryStar": "try/except*", "With": "with", "AsyncWith": "async with",
@@ -360,7 +361,11 @@ def _folded_test(src: Source, node: gast.expr, local_names: set[str]) -> Any:
             return deciding
         elif bool(v) == deciding:
             kept.append(x)
-    return kept[0] if len(kept) == 1 else gast.BoolOp(op=node.op, values=kept)
+    if len(kept) == 1:
+        return kept[0]
+    folded = gast.BoolOp(op=node.op, values=kept)
+    anno.copyanno(node, folded, anno.Basic.ORIGIN)
+    return folded
 
 
 _LEAVES = (gast.Return, gast.Break, gast.Continue)
