@@ -229,10 +229,19 @@ def _definitely_returns(stmts: list) -> bool:
         if isinstance(s, gast.If) and _definitely_returns(s.body) and _definitely_returns(
                 s.orelse):
             return True
-        if (isinstance(s, gast.While) and isinstance(s.test, gast.Constant)
-                and s.test.value is True and not _breaks(s.body)):
+        if _endless(s):
             return True
     return False
+
+
+def _is_true(test: gast.expr) -> bool:
+    """Is ``test`` the literal ``True``?"""
+    return isinstance(test, gast.Constant) and test.value is True
+
+
+def _endless(s: gast.stmt) -> bool:
+    """Is ``s`` a ``while True:`` loop that never breaks?"""
+    return isinstance(s, gast.While) and _is_true(s.test) and not _breaks(s.body)
 
 
 def _breaks(stmts: list) -> bool:
@@ -378,7 +387,7 @@ def _fold_body(src: Source, stmts: list, local_names: set[str], changed: list) -
     for k, s in enumerate(stmts):
         if isinstance(s, (gast.If, gast.While)):
             test = _folded_test(src, s.test, local_names)
-            if test is True and isinstance(s.test, gast.Constant) and s.test.value is True:
+            if test is True and _is_true(s.test):
                 test = s.test  # `while True:` as it is
             if test is not s.test:
                 changed.append(s)
@@ -399,9 +408,7 @@ def _fold_body(src: Source, stmts: list, local_names: set[str], changed: list) -
                 setattr(s, field, _fold_body(src, getattr(s, field), local_names, changed)
                         or [gast.Pass()])
         out.append(s)
-        endless = (isinstance(s, gast.While) and isinstance(s.test, gast.Constant)
-                   and s.test.value is True and not _breaks(s.body))
-        if isinstance(s, _LEAVES) or endless:
+        if isinstance(s, _LEAVES) or _endless(s):
             changed.extend(stmts[k + 1:])
             break
     return out
