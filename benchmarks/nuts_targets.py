@@ -71,7 +71,9 @@ def _dense_precision(dim: int, seed: int = 0) -> np.ndarray:
     return (a @ a.T / dim + 0.1 * np.eye(dim)).astype(np.float32)
 
 
-def _dense_gaussian(dim: int, chains: int, seed: int = 0) -> Target:
+def dense_gaussian(dim: int, chains: int, seed: int = 0) -> Target:
+    """A ``dim``-d Gaussian with a random dense precision, step 0.1, tree depth 8; the chains
+    start at exact draws."""
     precision = _dense_precision(dim, seed)
     rng = np.random.default_rng(seed + 100)
     chol_cov = np.linalg.cholesky(np.linalg.inv(precision))
@@ -87,16 +89,18 @@ def _dense_gaussian(dim: int, chains: int, seed: int = 0) -> Target:
                   [(rng.normal(size=(chains, dim)) @ chol_cov.T).astype(np.float32)], 0.1, 8)
 
 
-def _preconditioned_gaussian(dim: int, chains: int) -> Target:
+def preconditioned_gaussian(dim: int, chains: int) -> Target:
     """The dense Gaussian with its covariance as the inverse mass matrix and a step size of
     0.3: in law, every sampler runs the identity-metric NUTS of a standard normal."""
-    target = _dense_gaussian(dim, chains)
+    target = dense_gaussian(dim, chains)
     covariance = np.linalg.inv(_dense_precision(dim)).astype(np.float32)
     return dataclasses.replace(target, name=f"gauss{dim} dense, mass matrix, {chains} chains",
                                step_size=0.3, inverse_mass=covariance)
 
 
-def _log_spaced_gaussian(chains: int, seed: int = 1) -> Target:
+def log_spaced_gaussian(chains: int, seed: int = 1) -> Target:
+    """A diagonal 10-d Gaussian with standard deviations 0.1 to 10, step 0.08, tree depth 10
+    (long trajectories of unequal lengths); the chains start at exact draws."""
     rng = np.random.default_rng(seed)
     scale = np.logspace(-1, 1, 10).astype(np.float32)
 
@@ -109,7 +113,9 @@ def _log_spaced_gaussian(chains: int, seed: int = 1) -> Target:
                   [(rng.normal(size=(chains, 10)) * scale).astype(np.float32)], 0.08, 10)
 
 
-def _logistic(chains: int, points: int = 1000, dim: int = 25, seed: int = 2) -> Target:
+def logistic(chains: int, points: int = 1000, dim: int = 25, seed: int = 2) -> Target:
+    """Bayesian logistic regression on ``points`` synthetic points of ``dim`` regressors,
+    standard normal prior, step 0.05, tree depth 8."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(points, dim)).astype(np.float32)
     y = (rng.uniform(size=points) < 1 / (1 + np.exp(-x @ rng.normal(size=dim) * 0.5))
@@ -139,7 +145,7 @@ _SCHOOLS_Y = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
 _SCHOOLS_SIGMA = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
 
 
-def _eight_schools(chains: int, seed: int = 3) -> Target:
+def eight_schools(chains: int, seed: int = 3) -> Target:
     """Non-centred: mu ~ N(0, 5), log tau ~ N(5, 1), theta_raw ~ N(0, 1),
     y ~ N(mu + exp(log tau) theta_raw, sigma)."""
     rng = np.random.default_rng(seed)
@@ -168,10 +174,10 @@ def _eight_schools(chains: int, seed: int = 3) -> Target:
 
 def targets(quick: bool) -> list[Target]:
     if quick:
-        return [_dense_gaussian(100, 100), _eight_schools(100)]
-    return [_dense_gaussian(100, 1000), _dense_gaussian(100, 100), _dense_gaussian(500, 100),
-            _log_spaced_gaussian(1000), _logistic(256), _eight_schools(1000),
-            _preconditioned_gaussian(100, 1000)]
+        return [dense_gaussian(100, 100), eight_schools(100)]
+    return [dense_gaussian(100, 1000), dense_gaussian(100, 100), dense_gaussian(500, 100),
+            log_spaced_gaussian(1000), logistic(256), eight_schools(1000),
+            preconditioned_gaussian(100, 1000)]
 
 
 def _tf_sampler(kernel_class, preconditioned_class) -> Callable[[Target], Callable[[], Any]]:
@@ -252,21 +258,23 @@ def _warm_up(jax_too: bool) -> None:
         jax.jit(lambda x: x * 2.0 + 1.0)(jax.numpy.ones(4)).block_until_ready()
 
 
-def run(quick: bool) -> Report:
+def compare(name: str, target_list: list[Target], quick: bool, blackjax: bool) -> Report:
+    """The ``name`` report: each target's first call and steady throughput for ours, TFP's NUTS
+    and (where ``blackjax`` and installed) BlackJAX, timed in interleaved rounds."""
     makers = {OURS: _tf_sampler(NoUTurnSampler, NoUTurnSampler),
               TFP: _tf_sampler(tfp.mcmc.NoUTurnSampler,
                                tfp.experimental.mcmc.PreconditionedNoUTurnSampler)}
-    notes = (f"{NUM_STEPS} NUTS steps per call, sample_chain under XLA (jax.jit for BlackJAX), "
-             "same start and seed every call; grads/s = leapfrog steps the chains took / median "
-             "seconds per call over interleaved rounds; first_call_s = trace + compile + run; CPU.")
-    if _blackjax_available():
+    notes = (f"{NUM_STEPS} NUTS steps per call, sample_chain under XLA"
+             f"{' (jax.jit for BlackJAX)' if blackjax else ''}, same start and seed every call; "
+             "grads/s = leapfrog steps the chains took / median seconds per call over "
+             "interleaved rounds; first_call_s = trace + compile + run; CPU.")
+    if blackjax and _blackjax_available():
         makers[BLACKJAX] = _blackjax_sampler
-    else:
+    elif blackjax:
         notes += "\nBlackJAX is not installed (`pip install blackjax`): its column is skipped."
-    report = Report("nuts_targets", unit="grads/s", ours=OURS, higher_is_better=True,
-                    notes=notes)
+    report = Report(name, unit="grads/s", ours=OURS, higher_is_better=True, notes=notes)
     _warm_up(BLACKJAX in makers)
-    for target in targets(quick):
+    for target in target_list:
         calls, grads, first = {}, {}, {}
         for impl, make in makers.items():
             call = make(target)
@@ -284,3 +292,7 @@ def run(quick: bool) -> Report:
             print(f"  {target.name:32s} {impl:16s} {rate:10.0f} grads/s ({grads[impl]} in "
                   f"{t.median:.3f} s), first call {first[impl]:.1f} s", flush=True)
     return report
+
+
+def run(quick: bool) -> Report:
+    return compare("nuts_targets", targets(quick), quick, blackjax=True)

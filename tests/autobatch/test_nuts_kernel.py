@@ -10,7 +10,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 from tensorflow_probability.python.internal import samplers
 
-from tfx_vec.autobatch import ir, nuts
+from tfx_vec.autobatch import ir, nuts, program_counter
 from tfx_vec.autobatch.nuts import NoUTurnSampler
 
 CHAINS = 5
@@ -71,12 +71,12 @@ def reference():
     return _run_steps("python", num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
 
 
-@pytest.mark.parametrize("runtime", ["xla", "xla:earliest", "xla:sweep_guarded", "local_static",
+@pytest.mark.parametrize("runtime", ["xla", "xla:earliest", "xla:most_active", "local_static",
                                      "hybrid"])
 def test_runtime_matches_per_chain_reference(reference, runtime):
     """Every batched runtime gives each chain what running it alone gives: the program
-    counter under XLA (the default scheduler, most_active for this cheap target, and two
-    others), local static, and local static with XLA blocks."""
+    counter under XLA (the default scheduler, sweep_guarded, and two others), local static,
+    and local static with XLA blocks."""
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_leapfrog_steps=2)
     _assert_same(got, reference, *((1e-4, 1e-4) if runtime != "local_static" else ()))
 
@@ -94,9 +94,9 @@ def test_subtrees_built_in_one_block_give_the_recursions_draws(runtime):
 
 
 def test_tracing_a_step_runs_the_targets_python_once_per_use():
-    """Tracing a step runs the target's Python three times (the bootstrap's gradient, the
-    gradient's cost estimate, the block of a subtree's leaves), not once per leaf: the
-    leaves are calls of one function."""
+    """Tracing a step runs the target's Python twice (the bootstrap's gradient, the block of a
+    subtree's leaves), not once per leaf: the leaves are calls of one function.  (With the
+    subtree depth given, no cost estimate traces it once more.)"""
     calls = []
 
     def target(x):
@@ -107,7 +107,7 @@ def test_tracing_a_step_runs_the_targets_python_once_per_use():
     step = tf.function(lambda x, seed: kernel.one_step(x, kernel.bootstrap_results(x),
                                                        seed=seed)[0], autograph=False)
     step.get_concrete_function(x, tf.constant([1, 2]))
-    assert len(calls) == 3
+    assert len(calls) == 2
 
 
 def test_subtree_depth_follows_the_gradients_cost():
@@ -135,6 +135,12 @@ def test_subtree_depth_follows_the_gradients_cost():
     looped = lambda x: tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
                                      (0, -tf.reduce_sum(x * x, -1)))[1]
     assert depth(looped) == 0
+    # the count behind it: 2 m n k per matrix product, on a random-sized one
+    m, k, n = rng.integers(2, 9, size=3)
+    graph = tf.function(tf.matmul).get_concrete_function(
+        tf.TensorSpec([m, k]), tf.TensorSpec([k, n])).graph
+    # plus the size of each input placeholder and of the output's identity
+    assert nuts._graph_flops(graph) == 2 * m * n * k + m * k + k * n + m * n
 
 
 def test_one_step_size_per_chain_matches_reference():
@@ -337,37 +343,15 @@ def test_kernel_protocol():
     assert kernel.copy(max_tree_depth=4)._programs is not kernel._programs
 
 
-def test_scheduler_follows_the_gradients_cost():
-    """By default the program counter runs the block most chains wait at where the gradient is
-    cheap (fewer loop steps) and the earliest one elsewhere (the gradient for all chains at
-    once); run_ahead and an unknown cost keep earliest, a scheduler given is kept."""
-    rng = np.random.default_rng(3)
-    chains, small, large = 6, 4, 64
-    cheap_prec = tf.constant(rng.normal(size=(small, small)).astype(np.float32))
-    dense_prec = tf.constant(rng.normal(size=(large, large)).astype(np.float32))
-
-    def quadratic(prec):
-        return lambda x: -0.5 * tf.reduce_sum(x * tf.matmul(x, prec), -1)
-
-    def looped(x):  # a cost the graph does not show
-        return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 0.5),
-                             (0, -tf.reduce_sum(x * x, -1)))[1]
-
-    def chosen(target, dim, **kw):
-        x = tf.constant(rng.normal(size=(chains, dim)).astype(np.float32))
-        return NoUTurnSampler(target, 0.1, **kw)._scheduler(nuts._StateSpec([x], 1))
-
-    assert chosen(quadratic(cheap_prec), small) == "most_active"
-    assert chosen(quadratic(dense_prec), large) == "earliest"
-    assert chosen(quadratic(cheap_prec), small, run_ahead=True) == "earliest"
-    assert chosen(looped, small) == "earliest"
-    assert chosen(quadratic(dense_prec), large, scheduler="sweep") == "sweep"
-    # the count behind it: 2 m n k per matrix product, on a random-sized one
-    m, k, n = rng.integers(2, 9, size=3)
-    graph = tf.function(tf.matmul).get_concrete_function(
-        tf.TensorSpec([m, k]), tf.TensorSpec([k, n])).graph
-    # plus the size of each input placeholder and of the output's identity
-    assert nuts._graph_flops(graph) == 2 * m * n * k + m * k + k * n + m * n
+def test_default_scheduler_sweeps_unless_running_ahead():
+    """By default the program counter sweeps the blocks (skipping those no chain waits at),
+    whatever the target; run_ahead gathers the chains at the gradient (earliest); a scheduler
+    given is kept."""
+    target = lambda x: -0.5 * tf.reduce_sum(x * x, -1)
+    assert NoUTurnSampler(target, 0.1)._scheduler() == "sweep_guarded"
+    assert NoUTurnSampler(target, 0.1, run_ahead=True)._scheduler() == "earliest"
+    for given in program_counter.SCHEDULERS:
+        assert NoUTurnSampler(target, 0.1, scheduler=given)._scheduler() == given
 
 
 @pytest.mark.parametrize("make, message", [

@@ -303,17 +303,11 @@ def _leading(x: tf.Tensor) -> Any:
     return n if n is not None else tf.shape(x)[0]
 
 
-# Below this many floating-point operations per chain and state dimension, one value-and-
-# gradient costs less than the control around it: the tree-building blocks of one leaf pass
-# over a few hundred [D] vectors.  The benchmark targets fall far on either side: 18-33 per
-# dimension for a 10-d Gaussian and eight schools, 410-4400 for dense Gaussians and a logistic
-# regression.
-CHEAP_GRADIENT_FLOPS_PER_DIM = 100
 # Subtrees of SUBTREE_DEPTH are built in one block where the gradient costs under
 # SUBTREE_GRADIENT_FLOPS_PER_DIM: up to 2**depth leapfrogs a chain may not take (about five a
 # trajectory, more where subtrees stop early) against the recursion's loop steps for the
 # bottom of every subtree.  Measured at depth 0 / 1 / 2 / 3: eight schools and a 10-d Gaussian
-# (1000 chains) 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3 slower than 2 (its eleven merges'
+# (18-33 operations per dimension, 1000 chains) 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3 slower than 2 (its eleven merges'
 # U-turn checks); the 100-d dense Gaussian (410 per dimension) 1.09x with 1, 1.19x with 2; the
 # 500-d one (2000) the same with 2; the logistic regression (4400, short trajectories) 0.8x
 # with 2.
@@ -961,18 +955,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       scheduler: block selection of the program-counter runtime: ``"earliest"`` (the paper's;
         members gather at the gradient, the last block), ``"most_active"`` (the block most
         members wait at: fewer loop steps, but the gradient runs for fewer members at a time)
-        or ``"sweep_guarded"`` (every block once per loop step, skipped when no member waits),
-        ``"sweep"``.  Default (``None``): ``"most_active"`` where the gradient is cheap (under
-        ``CHEAP_GRADIENT_FLOPS_PER_DIM`` operations per chain and state dimension, counted in
-        its graph) and ``run_ahead`` is off, else ``"earliest"``.  The draws are the same
-        under every scheduler.
+        or ``"sweep_guarded"`` (every block once per loop step, skipped when no member waits:
+        a chain goes through several blocks in one loop step), ``"sweep"``.  Default
+        (``None``): ``"sweep_guarded"``, or ``"earliest"`` with ``run_ahead`` (which needs the
+        chains gathered at the gradient).  The draws are the same under every scheduler.
       unrolled_subtree_depth: subtrees of up to this depth (``2**depth`` leaves) are built in
         one block of straight-line code instead of by recursion: every chain computes all
         ``2**depth`` leapfrogs and keeps those its tree takes.  Fewer loop steps of the
         batched machine, more leapfrogs computed.  The draws are the same for every value.
         Default (``None``): ``SUBTREE_DEPTH`` (2) where the gradient costs under
         ``SUBTREE_GRADIENT_FLOPS_PER_DIM`` (1000) operations per chain and state dimension
-        (counted as for ``scheduler``), else 0 (the recursion down to single leaves).
+        (counted in its graph: matrix products as ``2mnk``, other ops by their size), else 0
+        (the recursion down to single leaves).
 
     Example:
         >>> import tensorflow as tf
@@ -1206,7 +1200,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         it with."""
         program = self._program(spec, batched=True)
         return program, dict(program.options, runtime="program_counter",
-                             scheduler=self._scheduler(spec))
+                             scheduler=self._scheduler())
 
     def copy(self, **override_parameter_kwargs: Any) -> "NoUTurnSampler":
         """A kernel with some parameters replaced.  Changing only ``step_size``,
@@ -1304,16 +1298,19 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         program = self._program(spec, batched=True)
         if self.runtime == "hybrid":
             return tuple(program(*args, runtime="local_static", xla_blocks=True))
-        return tuple(program(*args, runtime=self.runtime, scheduler=self._scheduler(spec)))
+        return tuple(program(*args, runtime=self.runtime, scheduler=self._scheduler()))
 
-    def _scheduler(self, spec: _StateSpec) -> str:
-        """The program counter's block selection (see ``scheduler`` in the class docstring):
-        the one given, else chosen from the gradient's cost, once per state structure."""
+    def _scheduler(self) -> str:
+        """The program counter's block selection (see ``scheduler`` in the class docstring).
+
+        ``"sweep_guarded"`` by default: a loop step of the batched machine costs about as much
+        whichever block it runs, and a sweep lets each chain go on through the blocks after
+        its own in the same step.  Against running the block most chains wait at (cheap
+        gradients) or the earliest one (the others), ``sample_chain`` under XLA: 1.07-1.8x
+        faster at 4 and 16 chains, 1.06-1.24x at 100, level at 256-1000."""
         if self.scheduler is not None:
             return self.scheduler
-        if self.run_ahead:
-            return "earliest"
-        return "most_active" if self._cost(spec) < CHEAP_GRADIENT_FLOPS_PER_DIM else "earliest"
+        return "earliest" if self.run_ahead else "sweep_guarded"
 
     def _subtree_depth(self, spec: _StateSpec) -> int:
         """Depth of the subtrees built in one block (see ``unrolled_subtree_depth`` in the
