@@ -307,10 +307,10 @@ def _leading(x: tf.Tensor) -> Any:
 # SUBTREE_GRADIENT_FLOPS_PER_DIM: up to 2**depth leapfrogs a chain may not take (about five a
 # trajectory, more where subtrees stop early) against the recursion's loop steps for the
 # bottom of every subtree.  Measured at depth 0 / 1 / 2 / 3: eight schools and a 10-d Gaussian
-# (18-33 operations per dimension, 1000 chains) 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3 slower than 2 (its eleven merges'
-# U-turn checks); the 100-d dense Gaussian (410 per dimension) 1.09x with 1, 1.19x with 2; the
-# 500-d one (2000) the same with 2; the logistic regression (4400, short trajectories) 0.8x
-# with 2.
+# (18-33 operations per dimension, 1000 chains) 1.3-1.5x and 1.8-2.1x faster with 1 or 2, 3
+# slower than 2 (its eleven merges' U-turn checks); the 100-d dense Gaussian (410 per
+# dimension) 1.09x with 1, 1.19x with 2; the 500-d one (2000) the same with 2; the logistic
+# regression (4400, short trajectories) 0.8x with 2.
 SUBTREE_DEPTH = 2
 SUBTREE_GRADIENT_FLOPS_PER_DIM = 1000
 
