@@ -12,11 +12,13 @@ Run: ``.venv/bin/python -m benchmarks [--quick] nuts_chains``.
 """
 from __future__ import annotations
 
+import functools
+
 from benchmarks import nuts_targets
 from benchmarks.harness import Report
 
 CHAINS = (4, 16, 100, 1000)
-TARGETS = (lambda chains: nuts_targets.dense_gaussian(100, chains),
+TARGETS = (functools.partial(nuts_targets.dense_gaussian, 100),
            nuts_targets.log_spaced_gaussian, nuts_targets.logistic,
            nuts_targets.eight_schools)
 

@@ -5,6 +5,7 @@ with tests on the module's Python values too (``FLAG``, ``LIMIT``: decided when 
 compiled, alone or inside and/or/not with batched tests)."""
 import importlib.util
 import itertools
+import os
 import tempfile
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def _check_on_all_runtimes(source: str, seed: int) -> None:
         np.testing.assert_array_equal(np.asarray(f(x, y, **opts)), want, err_msg=source)
 
 
-_EXAMPLES = int(__import__("os").environ.get("AB_EXAMPLES", 3))
+_EXAMPLES = int(os.environ.get("AB_EXAMPLES", 3))
 
 
 @settings(max_examples=_EXAMPLES)
