@@ -57,3 +57,14 @@ def square_loss_and_grad(call):
             loss = tf.reduce_sum(C * C)
         return C, tape.gradient(loss, A)
     return loss_and_grad
+
+
+def eager_then_lazy(run):
+    """``run(False)`` eagerly, then ``run(True)`` inside ``lazy.device()`` with fresh metrics:
+    (eager result, lazy result, ``lazy.metrics()``)."""
+    from tfx_vec import lazy
+    eager = run(False)
+    lazy.reset_metrics()
+    with lazy.device():
+        lazy_result = run(True)
+    return eager, lazy_result, lazy.metrics()

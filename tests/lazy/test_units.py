@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfx_vec import lazy
 from tfx_vec.lazy.errors import LazyGradientError
+from tests.support import eager_then_lazy
 
 RNG = np.random.default_rng(3)
 X = RNG.normal(size=(6, 4)).astype(np.float32)
@@ -22,15 +23,6 @@ def _weights(model, seed=1):
     rng = np.random.default_rng(seed)
     for v in model.weights:
         v.assign(rng.normal(0, 0.5, v.shape).astype(np.float32))
-
-
-def _both(run):
-    """``run(lazy_mode)`` eagerly, then inside ``lazy.device()``; both results."""
-    eager = run(False)
-    lazy.reset_metrics()
-    with lazy.device():
-        lazy_result = run(True)
-    return eager, lazy_result, lazy.metrics()
 
 
 def test_python_state_changes_make_a_new_probe_never_a_stale_replay():
@@ -62,7 +54,7 @@ def test_python_state_changes_make_a_new_probe_never_a_stale_replay():
             out += [y.numpy(), z.numpy()]
         return out + [v.numpy() for v in model.weights]
 
-    eager, lazy_out, m = _both(run)
+    eager, lazy_out, m = eager_then_lazy(run)
     for a, b in zip(eager, lazy_out):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert m["unit_eager::python state changed"] >= 2, m
@@ -91,7 +83,7 @@ def test_loss_metric_and_model_units_match_eager_and_stop_probing():
             losses.append(float(loss))
         return losses + [float(mae.result())] + [v.numpy() for v in model.weights]
 
-    eager, lazy_out, m = _both(run)
+    eager, lazy_out, m = eager_then_lazy(run)
     for a, b in zip(eager, lazy_out):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert m["units_recorded"] >= 4 * 3, m            # model, loss, two metric updates
@@ -116,7 +108,7 @@ def test_what_cannot_be_replayed_runs_op_by_op_with_a_reason():
             out.append(masking(X).numpy())
         return out
 
-    eager, lazy_out, m = _both(run)
+    eager, lazy_out, m = eager_then_lazy(run)
     for a, b in zip(eager, lazy_out):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert m.get("unit_eager::a layer adds losses", 0) + m.get(
@@ -150,7 +142,7 @@ def test_a_gradient_through_a_unit_run_op_by_op_is_the_units_own():
                 lazy.mark_step()
         return seen + [v.numpy() for v in model.weights]
 
-    eager, lazy_out, m = _both(run)
+    eager, lazy_out, m = eager_then_lazy(run)
     for a, b in zip(eager, lazy_out):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert m["unit_vjps"] >= 1 and m["tape_eager::a value was read"] >= 1, m
@@ -196,7 +188,7 @@ def test_the_steady_steps_short_paths_give_what_eager_gives():
             forced.append(lazy.metrics().get("forced", 0) - before if in_lazy else int(step >= 4))
         return forced, watched, out + [v.numpy() for v in model.weights]
 
-    eager, lazy_out, m = _both(run)
+    eager, lazy_out, m = eager_then_lazy(run)
     assert lazy_out[0] == eager[0] == [0, 0, 0, 0, 1, 1]   # forced only without a barrier
     assert lazy_out[1] == eager[1]
     for a, b in zip(eager[2], lazy_out[2]):

@@ -1,4 +1,6 @@
-"""Keras calls recorded as one node: a layer's or model's call, a loss, a metric update.
+"""Calls recorded as one node: a Keras layer's or model's call, a loss, a metric update, and
+the methods of the program's ``tf.Module`` subclasses (``module_units.py`` says which, and
+what more they must pass).
 
 Inside ``lazy.device()`` a Keras layer call runs Keras' and TensorFlow's Python for every op
 (input conversion, name scopes, call contexts, dtype policies, the op wrappers): on small
@@ -20,7 +22,8 @@ cannot be replayed.  It becomes a unit only when:
 - nothing inside it forced a value, ran a host or fallback op, created a variable, used a
   gradient tape or a custom gradient, gathered from a variable (an embedding: TensorFlow's
   gradient is then ``IndexedSlices``), or used a lazy tensor that is not one of its arguments;
-- every variable it touches belongs to the layer, loss or metric.
+- every variable it touches belongs to the layer, loss or metric (or, for a ``tf.Module``
+  method, to the module or is one of its arguments).
 
 A later call hits the unit when its signature (argument structure, each tensor's shape and
 dtype, the other arguments' values) is the same **and** the Python state of the object is
@@ -71,7 +74,7 @@ from tensorflow.python.distribute import distribute_lib as _distribute_lib
 from tensorflow.python.eager import tape as _tape_module
 from tensorflow.python.framework import ops
 
-from . import calls, ir, metrics, runtime, tape_capture
+from . import calls, ir, metrics, module_units, runtime, tape_capture
 from . import custom_device as _device   # (it imports this module: names read at call time)
 from .errors import LazyCompileError, LazyGradientError
 from .tensor import LazyTensor
@@ -104,6 +107,7 @@ class _Tensor:
 
 
 _T = _Tensor()
+_VARIABLE = "variable"   # a variable argument's entry in a signature: (_VARIABLE, id)
 
 
 class Probe:
@@ -179,7 +183,21 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
         return {k: _template(v, tensors, sig) for k, v in x.items()}
     if t.__name__ == "KerasTensor":
         raise _Symbolic()
+    if isinstance(x, tf.Variable):   # kept by identity: the replay updates it in place
+        sig.append((_VARIABLE, id(x)))
+        return x
     raise _Refuse(f"an argument of type {t.__name__}")
+
+
+def _template_variables(template: Any) -> list:
+    """The variables kept in an argument template."""
+    if isinstance(template, tf.Variable):
+        return [template]
+    if type(template) is list or type(template) is tuple:
+        return [v for i in template for v in _template_variables(i)]
+    if type(template) is dict:
+        return [v for i in template.values() for v in _template_variables(i)]
+    return []
 
 
 def _fill(template: Any, values: Any) -> Any:
@@ -195,6 +213,10 @@ def _fill(template: Any, values: Any) -> Any:
 
 
 def _layers(owner: Any) -> list:
+    """The objects whose attributes are the owner's Python state: a Keras object's layers, a
+    ``tf.Module``'s submodules."""
+    if isinstance(owner, tf.Module):
+        return module_units.module_objects(owner)
     flatten = getattr(owner, "_flatten_layers", None)
     return list(flatten(include_self=True, recursive=True)) if flatten is not None else [owner]
 
@@ -215,10 +237,11 @@ class Snapshot:
     own ``__iter__`` and ``values``)."""
 
     __slots__ = ("objects", "policy", "types", "sizes", "keys", "values", "containers",
-                 "container_sizes", "contents", "mappings", "mapping_values")
+                 "container_sizes", "contents", "mappings", "mapping_values", "guard")
 
-    def __init__(self, objects: list):
+    def __init__(self, objects: list, guard: Any = None):
         self.objects = objects
+        self.guard = guard   # a tf.Module method's globals and closure values (module_units)
         self.policy = _dtype_policy()
         self.types = list(map(type, objects))
         dicts = list(map(vars, objects))
@@ -240,14 +263,16 @@ class Snapshot:
             same_state = _same_state[0] = _device.native().same_state
         return same_state(self.objects, self.types, self.sizes, self.keys, self.values,
                           self.containers, self.container_sizes, self.contents, self.mappings,
-                          self.mapping_values)
+                          self.mapping_values) and (self.guard is None or self.guard.same())
 
 
 _same_state: list = [None]   # the native check (custom_device.cc), bound on first use
 
 
 def _dtype_policy() -> Any:
-    if _keras[0] is None:   # a snapshot taken before install()
+    if _keras[0] is None:   # a snapshot taken before install(), or Keras is not used
+        if "keras" not in sys.modules:
+            return None
         _bind_keras()
     return _keras[0].get_global_attribute("dtype_policy")
 
@@ -273,10 +298,11 @@ def _precheck() -> str:
     if not tf.executing_eagerly():
         return "off"
     global_state, get_autocast_scope, _ = _keras
-    if global_state.get_global_attribute("current_call_ctx") is not None:
-        return "off"   # inside a Keras layer call that is not a unit: its own layers decide
-    if get_autocast_scope() is not None:
-        return "an autocast scope"
+    if global_state is not None:
+        if global_state.get_global_attribute("current_call_ctx") is not None:
+            return "off"   # inside a Keras layer call that is not a unit: its layers decide
+        if get_autocast_scope() is not None:
+            return "an autocast scope"
     if len(tape_capture._recording) > 1:
         return "several tapes are recording"
     if any(s.tainted for s in tape_capture._recording.values()):
@@ -299,11 +325,12 @@ def _input_node(t: Any) -> Any:
     return _device._node_of(t)
 
 
-def _owned(owner: Any) -> dict:
-    """id(DeviceVariable) -> tf.Variable for every variable the owner holds on the device."""
+def _owned(owner: Any, arguments: list) -> dict:
+    """id(DeviceVariable) -> tf.Variable for every variable the owner holds on the device
+    and every variable argument."""
     from .custom_device import payload_of
     out = {}
-    for v in list(getattr(owner, "variables", ()) or ()):
+    for v in list(getattr(owner, "variables", ()) or ()) + arguments:
         tfv = calls._tf_variable(v)
         p = None if tfv is None else payload_of(tfv.handle)
         if p is not None:
@@ -354,9 +381,16 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
     if any(getattr(l, "_losses", None) or getattr(l, "activity_regularizer", None) is not None
            for l in layers):
         raise _Refuse("a layer adds losses")
-    owned = _owned(owner)
-    if len(owned) != len(list(getattr(owner, "variables", ()) or ())):
+    arguments = _template_variables(in_template)
+    owned = _owned(owner, arguments)
+    if len(owned) != len({id(v) for v in list(getattr(owner, "variables", ()) or ())
+                          + arguments}):
         raise _Refuse("a variable off the lazy device")
+    guard = None
+    if isinstance(owner, tf.Module):
+        guard = module_units.scan(original, layers)
+        if isinstance(guard, str):
+            raise _Refuse(guard)
     if not out_nodes and not probe.assigns:
         raise _Refuse("no output or update on the lazy device")
     states = list(probe.reads.values())
@@ -385,7 +419,7 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
     spec = calls.CallSpec(replay, tf_vars, tuple((n.shape, n.dtype) for n in out_nodes),
                           assigned)
     read = tuple(i for i, s in enumerate(states) if id(s) in probe.reads)
-    return Unit(spec, states, in_template, out_template, read, Snapshot(layers))
+    return Unit(spec, states, in_template, out_template, read, Snapshot(layers, guard))
 
 
 def _record(unit: Unit, tensors: list) -> Any:
@@ -433,12 +467,12 @@ def _on_tape(unit: Unit, tensors: list, nodes: list, results: list, pending: boo
                 s.last_assign > stamp for s in unit.states) else ""
         if why:
             raise LazyGradientError(
-                f"a gradient through a Keras call recorded as one node had to run op by op, "
+                f"a gradient through a call recorded as one node had to run op by op, "
                 f"and that call cannot be differentiated afterwards ({why}; at "
                 f"{runtime.user_frame()}; lazy.metrics() 'tape_eager::*' says why the gradient "
                 "was not recorded).  Remove what stops the gradient from being recorded (a "
                 "value read or a host op inside the tape, several targets, nested tapes), or "
-                "record Keras calls op by op with lazy.configure(record_calls=False)")
+                "record calls op by op with lazy.configure(record_calls=False)")
         present = tuple(g is not None for g in grads)
         vjp = unit.vjps.get(present)
         if vjp is None:
@@ -484,7 +518,8 @@ def _vjp(unit: Unit, nodes: list, differentiable: list, trainable: list,
 
 
 def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run (probe), record as a unit, or pass through one Keras call."""
+    """Run (probe), record as a unit, or pass through one Keras call or ``tf.Module``
+    method."""
     if _depth[0]:
         return original(owner, *args, **kwargs)
     why = _precheck()
@@ -493,7 +528,7 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
             metrics.bump(f"unit_eager::{why}")
         return original(owner, *args, **kwargs)
     tensors: list = []
-    sig: list = [type(owner)]
+    sig: list = [type(owner), original]
     try:
         in_template = _template((args, kwargs), tensors, sig)
         key = tuple([(x._shape_tuple(), x.dtype) if type(x) is ops.EagerTensor else x
@@ -580,6 +615,7 @@ def _subclasses(cls: type) -> list:
 
 _installed: list = []
 _hooked = [False]   # Metric.__init_subclass__ wraps the metric classes defined afterwards
+_modules_hooked = [False]   # tf.Module.__init_subclass__: likewise for tf.Module subclasses
 
 
 def _install_on(cls: type, name: str) -> None:
@@ -592,11 +628,38 @@ def _install_on(cls: type, name: str) -> None:
     _installed.append((cls, name))
 
 
+def _install_on_module(cls: type) -> None:
+    if module_units.is_user_class(cls):
+        for name in module_units.methods(cls):
+            _install_on(cls, name)
+
+
+def _hook_subclasses(base: type, install_on: Callable[[type], None]) -> None:
+    """Install on ``base``'s subclasses now, and on each one defined later when it is defined
+    (a hook on ``base.__init_subclass__``), so entering ``lazy.device()`` again walks no class
+    tree."""
+    for c in _subclasses(base):
+        install_on(c)
+    previous = base.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        if previous is None:
+            super(base, cls).__init_subclass__(**kwargs)
+        else:
+            previous.__func__(cls, **kwargs)
+        install_on(cls)
+    base.__init_subclass__ = classmethod(init_subclass)
+
+
 def install() -> None:
-    """Record Keras layer calls, losses and metric updates as units (when Keras is imported;
-    idempotent).  The metric classes that exist are wrapped once; one defined later is wrapped
-    when it is defined (a hook on ``Metric.__init_subclass__``), so entering
-    ``lazy.device()`` again walks no class tree."""
+    """Record the methods of the program's ``tf.Module`` subclasses (``module_units``) and,
+    when Keras is imported, Keras layer calls, losses and metric updates as units
+    (idempotent)."""
+    if not _modules_hooked[0]:
+        _hook_subclasses(tf.Module, _install_on_module)
+        module_units.install_walk_cache(
+            Snapshot, lambda: _context.context().device_name == _device.DEVICE_NAME)
+        _modules_hooked[0] = True
     if _hooked[0] or "keras" not in sys.modules:
         return
     try:
@@ -608,12 +671,6 @@ def install() -> None:
     _bind_keras()
     _install_on(Layer, "__call__")
     _install_on(Loss, "__call__")
-    for c in _subclasses(Metric):
-        _install_on(c, "update_state")
-
-    def init_subclass(cls: type, **kwargs: Any) -> None:
-        super(Metric, cls).__init_subclass__(**kwargs)
-        _install_on(cls, "update_state")
-    Metric.__init_subclass__ = classmethod(init_subclass)
+    _hook_subclasses(Metric, lambda c: _install_on(c, "update_state"))
     _hooked[0] = True
 # }}}
