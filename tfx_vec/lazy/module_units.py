@@ -16,8 +16,8 @@ not reproduce:
 
 - no ``global`` or ``nonlocal`` assignment;
 - no ``print``, ``input``, ``open``, ``exec``, ``eval``, ``breakpoint``, ``logging``,
-  ``warnings``, and no name ``random`` or ``time`` (Python's, NumPy's and TensorFlow's random
-  numbers, clocks);
+  ``warnings``, and no name ``random``, ``time`` or ``datetime`` (Python's, NumPy's and
+  TensorFlow's random numbers, clocks);
 - no global or closure value that can change in place (a list, dict, set or NumPy array), and
   no NumPy array attribute of the module or its submodules.
 
@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.module import module as _tf_module
 from tensorflow.python.util import nest
 
 __all__ = ["is_user_class", "methods", "Guard", "scan", "module_objects", "install_walk_cache"]
@@ -68,7 +69,7 @@ _SIDE_EFFECTS = {
     "print": "it prints", "input": "it reads input", "open": "it opens a file",
     "exec": "it calls exec", "eval": "it calls eval", "breakpoint": "it calls breakpoint",
     "logging": "it logs", "warnings": "it warns", "random": "it draws random numbers",
-    "time": "it reads a clock",
+    "time": "it reads a clock", "datetime": "it reads a clock",
 }
 _MUTABLE = (list, dict, set, bytearray, np.ndarray)
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -249,7 +250,7 @@ def _read(value: Any, what: str, functions: list) -> str:
 
 # {{{ tf.Module's attribute walk, kept while the modules are unchanged
 
-# module -> {expand_composites: (its state, its leaves)}
+# module -> {expand_composites: (its state, (its leaves, the variables among them))}
 _WALKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -280,9 +281,12 @@ def install_walk_cache(snapshot: Callable[[list], Any], active: Callable[[], boo
                  with_path=False, expand_composites=False):
         if (recursive and predicate is not None and attribute_traversal_key is None
                 and not with_path and active()):
-            leaves = _walked(self, original, snapshot, bool(expand_composites))
-            if leaves is not None:
-                return filter(predicate, leaves)
+            walked = _walked(self, original, snapshot, bool(expand_composites))
+            if walked is not None:
+                leaves, variables = walked
+                if predicate is _IS_VARIABLE:
+                    return iter(variables)
+                return filter(predicate, variables if predicate in _ON_VARIABLES else leaves)
         return original(self, recursive, predicate, attribute_traversal_key, with_path,
                         expand_composites)
     _flatten.__wrapped__ = original
@@ -291,9 +295,9 @@ def install_walk_cache(snapshot: Callable[[list], Any], active: Callable[[], boo
 
 def _walked(module: Any, original: Callable, snapshot: Callable[[list], Any],
             expand: bool) -> tuple | None:
-    """The module's leaves (every value the walk yields, composite tensors expanded or not),
-    from the cache when its state is unchanged; ``None`` when its attributes hold nested
-    structures (walked every time)."""
+    """The module's leaves (every value the walk yields, composite tensors expanded or not)
+    and the variables among them, from the cache when its state is unchanged; ``None`` when
+    its attributes hold nested structures (walked every time)."""
     kept = _WALKS.get(module, {}).get(expand)
     if kept is not None and kept[0].same():
         return kept[1]
@@ -302,10 +306,19 @@ def _walked(module: Any, original: Callable, snapshot: Callable[[list], Any],
     if not all(_flat_value(v) for m in objects for k, v in vars(m).items()
                if k not in m._TF_MODULE_IGNORED_PROPERTIES):
         return None
-    _WALKS.setdefault(module, {})[expand] = (snapshot(objects), leaves)
-    return leaves
+    walked = leaves, tuple(v for v in leaves if isinstance(v, tf.Variable))
+    _WALKS.setdefault(module, {})[expand] = (snapshot(objects), walked)
+    return walked
 
 
 def _everything(_: Any) -> bool:
     return True
+
+
+# TensorFlow's predicates of variables (a variable's type is fixed, its ``trainable`` is read
+# afresh): applied to the kept variables only.  Absent in another TensorFlow: the leaves.
+_IS_VARIABLE = getattr(_tf_module, "_is_variable", None)
+_ON_VARIABLES = frozenset(filter(None, (
+    _IS_VARIABLE, getattr(_tf_module, "_is_trainable_variable", None),
+    getattr(_tf_module, "_is_non_trainable_variable", None))))
 # }}}
