@@ -364,3 +364,59 @@ def test_the_cached_walk_equals_tensorflows_after_random_changes(seed):
             _same_walks(root)   # the second read comes from the cache where it is kept
     assert module_units._WALKS, "nothing was cached"
 # }}}
+
+
+class Stateful(tf.Module):
+    """Reads a float attribute, a list of variables, a submodule and a configuration object."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.gain = 1.0
+        self.config = Config()
+        self.terms = [tf.Variable(rng.normal(size=(3,)).astype(np.float32)) for _ in range(2)]
+        self.inner = Dense(3, 3, rng, tf.nn.relu)
+
+    def __call__(self, x):
+        y = self.inner(x) * self.gain * self.config.scale
+        for t in self.terms:
+            y = y + t
+        return y
+
+    def nudge(self, delta):
+        for t in self.terms:
+            t.assign_add(delta * tf.ones_like(t))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_changes_of_python_state_between_calls_never_replay_stale(seed):
+    """Between calls, at random: an attribute set to a new float, a configuration value
+    changed, a variable appended to or dropped from a list, a submodule's activation swapped,
+    a variable updated through a method: every call equals eager."""
+    rng = np.random.default_rng(seed)
+    changes = rng.integers(0, 6, size=12)
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+
+    def run(in_lazy):
+        mod = Stateful(np.random.default_rng(seed))
+        local = np.random.default_rng(seed + 100)
+
+        def before(step):
+            kind = changes[step]
+            if kind == 1:
+                mod.gain = float(local.uniform(0.5, 2.0))
+            elif kind == 2:
+                mod.config.scale = float(local.uniform(0.5, 2.0))
+            elif kind == 3:
+                mod.terms.append(tf.Variable(local.normal(size=(3,)).astype(np.float32)))
+            elif kind == 4 and len(mod.terms) > 1:
+                mod.terms.pop()
+            elif kind == 5:
+                mod.inner.activation = tf.nn.tanh if mod.inner.activation is tf.nn.relu \
+                    else tf.nn.relu
+            mod.nudge(tf.constant(float(step) * 0.1))
+        return _calls(in_lazy, mod, x, len(changes), before)
+
+    eager, lazy_out, m = eager_then_lazy(run)
+    _close(eager, lazy_out)
+    assert m["units_recorded"] + m["unit_probes"] == 2 * len(changes), m   # call and nudge
+    assert m["units_recorded"] >= 4, m
