@@ -95,6 +95,7 @@ class TapeState:
 
 
 _states: "collections.OrderedDict[int, TapeState]" = collections.OrderedDict()
+_untainted: dict[int, TapeState] = {}   # the states of _states no barrier tainted yet
 _recording: dict[int, TapeState] = {}
 _original: dict = {}
 
@@ -106,9 +107,11 @@ def taint_recording(reason: str) -> None:
 
 
 def taint_live(reason: str) -> None:
-    """A barrier replaced recorded values by data: no tape alive now can replay."""
-    for state in _states.values():
+    """A barrier replaced recorded values by data: no tape alive now can replay.  (Each
+    barrier calls it: it visits the tapes created since the last one, not all kept.)"""
+    for state in _untainted.values():
         state.tainted = state.tainted or reason
+    _untainted.clear()
 
 
 # {{{ the hooks
@@ -116,9 +119,9 @@ def taint_live(reason: str) -> None:
 def _push_new_tape(persistent: bool = False, watch_accessed_variables: bool = True) -> Any:
     units.taint("a gradient tape")
     t = _original["push_new_tape"](persistent, watch_accessed_variables)
-    state = _states[id(t)] = TapeState()
+    state = _states[id(t)] = _untainted[id(t)] = TapeState()
     while len(_states) > _MAX_TAPES:   # a tape gone long ago: its gradient runs eagerly
-        _states.popitem(last=False)
+        _untainted.pop(_states.popitem(last=False)[0], None)
     _recording[id(t)] = state
     return t
 

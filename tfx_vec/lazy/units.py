@@ -316,6 +316,16 @@ def _on_device(tensors: list) -> bool:
         map(_device.is_device_tensor, tensors))
 
 
+def _holds_device_tensor(x: Any) -> bool:
+    """A tensor on the device among ``x``'s leaves (lists, tuples and dicts walked)."""
+    t = type(x)
+    if t is list or t is tuple:
+        return any(map(_holds_device_tensor, x))
+    if t is dict:
+        return any(map(_holds_device_tensor, x.values()))
+    return t is ops.EagerTensor and _device.is_device_tensor(x)
+
+
 def _input_node(t: Any) -> Any:
     p = _device.payload_of(t)
     if type(p) is LazyTensor:
@@ -527,6 +537,9 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
         if why != "off":
             metrics.bump(f"unit_eager::{why}")
         return original(owner, *args, **kwargs)
+    if _context.context().device_name != _device.DEVICE_NAME and \
+            not _holds_device_tensor((args, kwargs)):
+        return original(owner, *args, **kwargs)   # eager code: nothing converted or keyed
     tensors: list = []
     sig: list = [type(owner), original]
     try:
