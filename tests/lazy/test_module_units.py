@@ -251,6 +251,32 @@ def test_what_a_replay_could_miss_runs_op_by_op_with_the_reason(cls, why, capsys
         assert capsys.readouterr().out.count("called") == 8
 
 
+class Collecting(tf.Module):
+    def __init__(self):
+        self.w = tf.Variable(2.0)
+
+    def __call__(self, x, collected):
+        y = self.w * x
+        collected.append(y)
+        return y
+
+
+def test_a_method_that_changes_a_list_it_is_passed_runs_op_by_op():
+    def run(in_lazy):
+        mod, collected, out = Collecting(), [], []
+        for _ in range(4):
+            out.append(mod(tf.constant([1.0, 3.0]), collected).numpy())
+            if in_lazy:
+                lazy.mark_step()
+        return out + [len(collected)]
+
+    eager, lazy_out, m = eager_then_lazy(run)
+    _close(eager, lazy_out)
+    assert lazy_out[-1] == 4
+    assert m["unit_eager::the call changes a list or dict it was passed"] >= 2, m
+    assert "units_recorded" not in m, m
+
+
 def test_methods_hooked_are_the_programs_public_ones():
     class Mixed(tf.Module):
         def __call__(self, x):

@@ -189,6 +189,23 @@ def _template(x: Any, tensors: list, sig: list) -> Any:
     raise _Refuse(f"an argument of type {t.__name__}")
 
 
+def _containers(x: Any, out: list) -> list:
+    """The lists, tuples and dicts nested in ``x`` as ``(type, length or keys)``, and their
+    other elements themselves: what a call changes in an argument shows there."""
+    t = type(x)
+    if t is list or t is tuple:
+        out.append((t, len(x)))
+        for i in x:
+            _containers(i, out)
+    elif t is dict:
+        out.append((dict, tuple(x)))
+        for i in x.values():
+            _containers(i, out)
+    else:
+        out.append(x)
+    return out
+
+
 def _template_variables(template: Any) -> list:
     """The variables kept in an argument template."""
     if isinstance(template, tf.Variable):
@@ -579,6 +596,7 @@ def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dic
     metrics.bump("unit_probes")
     probe = Probe()
     before = Snapshot(_layers(owner))
+    arguments = _containers((args, kwargs), [])
     PROBES.append(probe)
     _depth[0] += 1
     start = next(ir.serials)
@@ -593,6 +611,11 @@ def _probe(owner: Any, original: Callable, args: tuple, kwargs: dict, cache: dic
     try:
         if not before.same():
             raise _Refuse("the call changes the Python state of a layer")
+        after = _containers((args, kwargs), [])
+        if len(after) != len(arguments) or any(
+                a is not b and not (type(a) is tuple and a == b)
+                for a, b in zip(arguments, after)):
+            raise _Refuse("the call changes a list or dict it was passed")
         unit = _make_unit(owner, original, probe, start, tensors, in_template, out)
         cache[key] = (unit.snapshot, unit, 0)
     except _Refuse as e:
