@@ -21,12 +21,17 @@ not reproduce:
 - no global or closure value that can change in place (a list, dict, set or NumPy array), and
   no NumPy array attribute of the module or its submodules.
 
-The globals and closure values the scanned code reads are then part of the unit's Python
-state, compared by identity on every call like the modules' attributes: rebinding one (a
-global learning rate set to a new float) makes the next call a probe again.  What the scan
-cannot see (a library function with side effects, a mutable object reached through another
-object) is the assumption a unit makes, as ``tf.function`` makes it for every method it traces;
+The globals and closure values the scanned code reads, and the program's plain objects the
+modules hold (a configuration object), are then part of the unit's Python state, compared by
+identity on every call like the modules' attributes: rebinding one (a global learning rate
+set to a new float) makes the next call a probe again.  What the scan cannot see (a library
+function with side effects, a mutable object reached through another object) is the
+assumption a unit makes, as ``tf.function`` makes it for every method it traces;
 ``lazy.configure(record_calls=False)`` runs every method op by op.
+
+Also here: inside the device, ``tf.Module``'s attribute walk (``variables``,
+``trainable_variables``, ``submodules``), which a step reads once or twice, keeps its result
+while the modules' Python state is unchanged (:func:`install_walk_cache`).
 
 Example (the scan; ``tests/lazy/test_module_units.py`` trains programs through it):
     >>> import tensorflow as tf
