@@ -154,10 +154,40 @@ class Adam(tf.Module):
             var.assign_sub(self.lr * (m / c1) / (tf.sqrt(v / c2) + self.eps))
 
 
+class CoreAdam:
+    """The core MLP tutorial's Adam as it is written there: a plain class, slots created on
+    the first call, the step count a Python float incremented by every call."""
+
+    def __init__(self, learning_rate: float = 1e-2, beta_1: float = 0.9,
+                 beta_2: float = 0.999, ep: float = 1e-7):
+        self.beta_1, self.beta_2, self.learning_rate, self.ep = beta_1, beta_2, learning_rate, ep
+        self.t = 1.0
+        self.v_dvar: list = []
+        self.s_dvar: list = []
+        self.built = False
+
+    def apply_gradients(self, grads, variables):
+        if not self.built:
+            for var in variables:
+                self.v_dvar.append(tf.Variable(tf.zeros(shape=var.shape)))
+                self.s_dvar.append(tf.Variable(tf.zeros(shape=var.shape)))
+            self.built = True
+        for i, (d_var, var) in enumerate(zip(grads, variables)):
+            self.v_dvar[i].assign(self.beta_1 * self.v_dvar[i] + (1 - self.beta_1) * d_var)
+            self.s_dvar[i].assign(self.beta_2 * self.s_dvar[i]
+                                  + (1 - self.beta_2) * tf.square(d_var))
+            v_dvar_bc = self.v_dvar[i] / (1 - (self.beta_1 ** self.t))
+            s_dvar_bc = self.s_dvar[i] / (1 - (self.beta_2 ** self.t))
+            var.assign_sub(self.learning_rate * (v_dvar_bc / (tf.sqrt(s_dvar_bc) + self.ep)))
+        self.t += 1.0
+
+
 class ModuleMlpAdam(Program):
-    """The core MLP tutorial: a ``tf.Module`` MLP, sparse softmax cross-entropy, its own Adam."""
+    """The core MLP tutorial: a ``tf.Module`` MLP, sparse softmax cross-entropy, its own Adam
+    (a ``tf.Module`` keeping its step count in a variable)."""
 
     name = "module_mlp_adam"
+    traceable = True
 
     def __init__(self, size="test", seed=0):
         super().__init__(size, seed)
@@ -181,7 +211,7 @@ class ModuleMlpAdam(Program):
                     x = layer(x)
                 return x
 
-        model, opt = MLP(), Adam()
+        model, opt = MLP(), self.optimizer()
         _init(model.trainable_variables, self._rng(1))
 
         def step(x, y):
@@ -191,7 +221,29 @@ class ModuleMlpAdam(Program):
             opt.apply_gradients(tape.gradient(loss, model.trainable_variables),
                                 model.trainable_variables)
             return loss
-        return Run(step, lambda: list(model.trainable_variables) + opt.m + opt.v)
+        return Run(step, lambda: list(model.trainable_variables) + self.slots(opt),
+                   self.traceable)
+
+    def optimizer(self) -> Any:
+        return Adam()
+
+    def slots(self, opt: Any) -> list:
+        return opt.m + opt.v
+
+
+class ModuleMlpCoreAdam(ModuleMlpAdam):
+    """The same MLP with the tutorial's Adam as written there (:class:`CoreAdam`): its Python
+    step count changes every call, so ``tf.function`` would bake it and a lazy step records the
+    update op by op."""
+
+    name = "module_mlp_core_adam"
+    traceable = False
+
+    def optimizer(self) -> Any:
+        return CoreAdam()
+
+    def slots(self, opt: Any) -> list:
+        return opt.v_dvar + opt.s_dvar
 
 
 class LogisticRegression(Program):
@@ -531,7 +583,7 @@ class OptimizersTutorial(Program):
 
 
 PROGRAMS: dict[str, type[Program]] = {p.name: p for p in (
-    GuideLinear, ModuleMlpAdam, LogisticRegression, KerasSequentialAdam, KerasSubclassedBN,
+    GuideLinear, ModuleMlpAdam, ModuleMlpCoreAdam, LogisticRegression, KerasSequentialAdam, KerasSubclassedBN,
     KerasFunctional, RawConvnet, OptimizersTutorial, ModuleMnistMlp, KerasMnistMlp, KerasConvnet,
     KerasLSTM)}
 # }}}
