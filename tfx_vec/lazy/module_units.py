@@ -246,10 +246,19 @@ def _scan_code(fn: Callable, reads: list, cells: list, functions: list,
 
 
 def _read(value: Any, what: str, functions: list) -> str:
+    """Why reading ``value`` (a global or closure value) cannot be replayed; queues the user
+    functions it is or holds (a class's methods, static and class methods included)."""
     if isinstance(value, _MUTABLE):
         return f"it reads {what}, a {type(value).__name__} that can change in place"
-    if inspect.isfunction(value) and not _library(value.__module__):
+    if _library(getattr(value, "__module__", "builtins")):
+        return ""
+    if inspect.isfunction(value):
         functions.append(value)
+    elif isinstance(value, type):
+        for f in vars(value).values():
+            f = getattr(f, "__func__", f)   # staticmethod, classmethod
+            if inspect.isfunction(f):
+                functions.append(f)
     return ""
 
 
