@@ -10,7 +10,8 @@ trains each one eagerly and lazily and compares losses and weights; this module 
 Each :class:`Program` builds a fresh model (``make``) whose ``step(x, y)`` runs one training
 step and returns the loss.  The lazy rows run the *same* step inside ``with lazy.device():``
 with ``lazy.mark_step()`` after it; the ``tf.function`` rows wrap the same step (programs
-whose step branches on a value in Python cannot be traced, and get no such row).  Two
+whose step branches on a value in Python, or counts steps in a Python number that a trace
+would bake, get no such row).  Two
 variants per program: the loss read every step (``float(loss)``, what most loops do) and not
 read.  Reported: steps/s per implementation, lazy's first step (record + compile), recording
 cost per recorded op, and the compilations after warm-up (must be 0).
@@ -583,9 +584,9 @@ class OptimizersTutorial(Program):
 
 
 PROGRAMS: dict[str, type[Program]] = {p.name: p for p in (
-    GuideLinear, ModuleMlpAdam, ModuleMlpCoreAdam, LogisticRegression, KerasSequentialAdam, KerasSubclassedBN,
-    KerasFunctional, RawConvnet, OptimizersTutorial, ModuleMnistMlp, KerasMnistMlp, KerasConvnet,
-    KerasLSTM)}
+    GuideLinear, ModuleMlpAdam, ModuleMlpCoreAdam, LogisticRegression, KerasSequentialAdam,
+    KerasSubclassedBN, KerasFunctional, RawConvnet, OptimizersTutorial, ModuleMnistMlp,
+    KerasMnistMlp, KerasConvnet, KerasLSTM)}
 # }}}
 
 
