@@ -319,6 +319,15 @@ def test_methods_hooked_are_the_programs_public_ones():
     assert module_units.is_user_class(Mixed)
     assert not module_units.is_user_class(tf.Module)
 
+    import tensorflow_probability as tfp
+
+    class MyNormal(tfp.distributions.Normal):   # a library's tf.Module subclass, subclassed
+        def shifted(self, x):
+            return self.log_prob(x - 1.0)
+
+    assert not module_units.is_user_class(MyNormal)
+    assert not module_units.is_user_class(tfp.distributions.Normal)
+
 
 def test_a_module_method_traced_by_tf_function_keeps_its_python_control_flow():
     """A hooked method inside ``tf.function`` runs as written (AutoGraph converts its ``if``)."""

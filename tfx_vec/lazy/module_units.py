@@ -3,7 +3,8 @@
 A training step written against ``tf.Module`` (the core tutorials' layers and their own Adam)
 issues every op from the program's Python through TensorFlow's op wrappers; inside
 ``lazy.device()`` that Python, not the arithmetic, is nearly the whole step.  So the public
-methods and ``__call__`` of the ``tf.Module`` subclasses a program defines are recorded as
+methods and ``__call__`` of the ``tf.Module`` subclasses a program defines (on ``tf.Module``
+itself, not on a library's subclass of it) are recorded as
 *units*, exactly as Keras calls are (``units.py``: a probe runs the first call op by op, later
 calls with the same signature and the same Python state record one ``call`` node that the
 compiled program replays).
@@ -87,8 +88,13 @@ def _library(module_name: str | None) -> bool:
 
 
 def is_user_class(cls: type) -> bool:
-    """A ``tf.Module`` subclass the program defined (not TensorFlow's, TFP's or Keras')."""
-    return issubclass(cls, tf.Module) and not _library(cls.__module__)
+    """A ``tf.Module`` subclass the program defined on ``tf.Module`` itself: not TensorFlow's,
+    TFP's or Keras' own, nor a subclass of theirs (a ``tf_keras`` layer, a TFP distribution),
+    whose methods their library calls under its own contract."""
+    if not issubclass(cls, tf.Module) or _library(cls.__module__):
+        return False
+    bases = set(tf.Module.__mro__)
+    return all(c in bases or not _library(c.__module__) for c in cls.__mro__)
 
 
 def methods(cls: type) -> list[str]:
