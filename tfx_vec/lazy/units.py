@@ -206,17 +206,6 @@ def _containers(x: Any, out: list) -> list:
     return out
 
 
-def _template_variables(template: Any) -> list:
-    """The variables kept in an argument template."""
-    if isinstance(template, tf.Variable):
-        return [template]
-    if type(template) is list or type(template) is tuple:
-        return [v for i in template for v in _template_variables(i)]
-    if type(template) is dict:
-        return [v for i in template.values() for v in _template_variables(i)]
-    return []
-
-
 def _fill(template: Any, values: Any) -> Any:
     """The template with its tensors taken from the iterator ``values``."""
     if template is _T:
@@ -333,16 +322,6 @@ def _on_device(tensors: list) -> bool:
         map(_device.is_device_tensor, tensors))
 
 
-def _holds_device_tensor(x: Any) -> bool:
-    """A tensor on the device among ``x``'s leaves (lists, tuples and dicts walked)."""
-    t = type(x)
-    if t is list or t is tuple:
-        return any(map(_holds_device_tensor, x))
-    if t is dict:
-        return any(map(_holds_device_tensor, x.values()))
-    return t is ops.EagerTensor and _device.is_device_tensor(x)
-
-
 def _input_node(t: Any) -> Any:
     p = _device.payload_of(t)
     if type(p) is LazyTensor:
@@ -408,7 +387,7 @@ def _make_unit(owner: Any, original: Callable, probe: Probe, start: int, tensors
     if any(getattr(l, "_losses", None) or getattr(l, "activity_regularizer", None) is not None
            for l in layers):
         raise _Refuse("a layer adds losses")
-    arguments = _template_variables(in_template)
+    arguments = [v for v in _containers(in_template, []) if isinstance(v, tf.Variable)]
     owned = _owned(owner, arguments)
     if len(owned) != len({id(v) for v in list(getattr(owner, "variables", ()) or ())
                           + arguments}):
@@ -555,7 +534,8 @@ def _call(owner: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
             metrics.bump(f"unit_eager::{why}")
         return original(owner, *args, **kwargs)
     if _context.context().device_name != _device.DEVICE_NAME and \
-            not _holds_device_tensor((args, kwargs)):
+            not any(type(x) is ops.EagerTensor and _device.is_device_tensor(x)
+                    for x in _containers((args, kwargs), [])):
         return original(owner, *args, **kwargs)   # eager code: nothing converted or keyed
     tensors: list = []
     sig: list = [type(owner), original]
