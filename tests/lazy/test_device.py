@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import random_array
+from tests.support import eager_then_lazy, random_array
 from tfx_vec import lazy
 
 
@@ -126,6 +126,32 @@ def test_data_fetch_starts_a_step():
     _close(result, 1.0 + data.reshape(3, 2, 4).mean(axis=1).sum(axis=0))
     m = lazy.metrics()
     assert m["host::IteratorGetNext"] == 4 and m["compiles"] <= 3
+
+def test_what_an_update_returns_reads_the_variable_when_used_as_in_eager():
+    """``assign*`` returns the variable itself, to be read later (kept once per variable on
+    the device): every use reads the value of that moment, and gradients flow through it."""
+    rng = np.random.default_rng(3)
+    start, delta = random_array(rng, (3,)), random_array(rng, (3,))
+
+    def run(on_device):
+        v = tf.Variable(start)
+        with tf.GradientTape() as tape:
+            added = v.assign_add(delta)
+            subtracted = v.assign_sub(0.5 * delta)
+            loss = tf.reduce_sum(added * subtracted * v)   # all three read start + delta / 2
+        grad = tape.gradient(loss, v)
+        scaled = v.assign(2.0 * v)
+        later = [added.read_value(), subtracted + 0.0, tf.identity(scaled)]
+        if on_device:
+            lazy.mark_step()
+        return [x.numpy() for x in [loss, grad, *later]], added is v.assign_add(delta)
+
+    eager, lazy_result, _ = eager_then_lazy(run)
+    for a, e in zip(lazy_result[0], eager[0]):
+        _close(a, e)
+    assert lazy_result[1]        # one object per variable on the device; new ones eagerly
+    assert not eager[1]
+
 # }}}
 
 

@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, errors_impl, ops
-from tensorflow.python.ops import handle_data_util
+from tensorflow.python.ops import handle_data_util, resource_variable_ops
 
 from . import calls, ir, metrics, raw, runtime, tape_capture, units
 from .errors import LazyError, LazyShapeError
@@ -100,9 +100,40 @@ def _register() -> None:
         dev, info = native().capsules(DEVICE_NAME, _execute, _to_device, _from_device)
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
+        _keep_unread_variables()
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
+
+
+def _keep_unread_variables() -> None:
+    """``assign``, ``assign_add`` and ``assign_sub`` of a device variable return one
+    ``_UnreadVariable`` per variable, built once.
+
+    Eagerly, TensorFlow builds a new ``_UnreadVariable`` (a whole resource-variable object) for
+    every update that returns its value; its parent op is ``None`` there and reading it reads
+    the variable at that time, so the kept one differs from a new one in identity only.  An
+    optimizer written op by op makes three updates per variable per step, and on the lazy
+    device, where the update itself is only recorded, building that object cost as much as
+    the rest of the update."""
+    base = resource_variable_ops.BaseResourceVariable
+    original = base._lazy_read
+
+    def _lazy_read(self, op):
+        if op is not None or not context.executing_eagerly():
+            return original(self, op)
+        kept = self.__dict__.get("_tfx_vec_unread")
+        if kept is None:   # decided once per variable: its handle never moves
+            on_device = getattr(self._handle, "device", None) == DEVICE_NAME
+            kept = original(self, op) if on_device else False
+            self.__dict__["_tfx_vec_unread"] = kept
+            return original(self, op) if kept is False else kept
+        if kept is False:
+            return original(self, op)
+        resource_variable_ops.variable_accessed(self)
+        return kept
+    _lazy_read.__wrapped__ = original
+    base._lazy_read = _lazy_read
 
 
 @contextlib.contextmanager
