@@ -54,7 +54,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, errors_impl, ops
 from tensorflow.python.ops import handle_data_util, resource_variable_ops
 
-from . import calls, ir, metrics, raw, runtime, tape_capture, units
+from . import calls, ir, metrics, operators, raw, runtime, tape_capture, units
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
@@ -101,6 +101,7 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         _keep_unread_variables()
+        operators.install(_record_operator)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
@@ -613,6 +614,45 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     except Unrecordable as why:
         return _run_on_host(op, inputs, cap, "fallback", str(why))
     return [_spec(LazyTensor(n)) for n in outs]
+
+
+_OPERATOR_ENUMS = frozenset({tf.float32.as_datatype_enum, tf.float64.as_datatype_enum})
+
+
+def _record_operator(op_type: str, x: Any, y: Any, swapped: bool) -> tf.Tensor | None:
+    """``x <op> y`` (``y <op> x`` when ``swapped``) recorded as :func:`_execute` records it
+    once it knows the op, without TensorFlow's op wrappers (``operators.py``): for a float
+    device tensor ``x`` and a device tensor of its dtype or a number ``y``, when the op
+    was recorded before on operands of these signatures; None otherwise (TensorFlow's path)."""
+    t = _native[0].payload(x, DEVICE_NAME) if type(x) is ops.EagerTensor else None
+    if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS:
+        return None
+    a = t._node
+    enum = a.sig[1]
+    if type(y) is ops.EagerTensor:
+        u = _native[0].payload(y, DEVICE_NAME)
+        if type(u) is not LazyTensor or u._node.sig[1] != enum:
+            return None
+        b = u._node
+        b_sig = b.sig if b.op != "const" else ("const", b.attrs)
+    else:
+        value = float(y)
+        if not isinstance(y, (float, np.floating)) and value != int(y):
+            return None     # an integer a double cannot hold would be rounded twice
+        b, b_sig = None, ((), enum)
+    a_sig = a.sig if a.op != "const" else ("const", a.attrs)
+    attrs = _t_attrs(a.dtype)
+    recipe = _recipes.get((op_type, attrs, b_sig, a_sig) if swapped else
+                          (op_type, attrs, a_sig, b_sig))
+    ctx = context.context()
+    if recipe is None or not recipe.direct or ctx.device_name not in ("", DEVICE_NAME):
+        return None     # (under another device's scope TensorFlow copies x there: forced)
+    if _get_ident() != _owner[0]:
+        _check_thread()
+    if b is None:   # a Python number: a scalar parameter, as its host tensor would be
+        b = Node("scalar", (), (), (), a.dtype, value, None, b_sig)
+    (spec,) = recipe.specs((b, a) if swapped else (a, b))
+    return _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:

@@ -1,0 +1,147 @@
+"""Python operators on device tensors: recorded without TensorFlow's wrappers where that is the
+same, TensorFlow's own path everywhere else; every result the eager one."""
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import tensor as tensor_lib
+
+from tests.support import eager_then_lazy, random_array
+from tfx_vec import lazy
+from tfx_vec.lazy.operators import OPERATORS
+
+NUMBERS = [0.75, 3, np.float32(1.25), np.float64(-0.5), np.int64(2), np.float16(0.3)]
+
+
+def _operands(rng, dtype):
+    """(left, right) pairs: tensor and tensor (broadcast), tensor and each kind of number;
+    positive values so that ``**`` stays real."""
+    def t(shape):
+        return tf.constant(np.abs(random_array(rng, shape)) + 0.5, dtype)
+    pairs = [(t((3, 4)), t((3, 4))), (t((3, 1)), t((4,)))]
+    return pairs + [(t((2, 3)), n) for n in NUMBERS]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_every_operator_on_tensors_numbers_and_variables_gives_the_eager_results(dtype):
+    rng = np.random.default_rng(5)
+    pairs = _operands(rng, dtype)
+    start = random_array(rng, (2, 3)) + 2.0
+
+    def run(on_device):
+        on = [(tf.identity(x), y if not isinstance(y, tf.Tensor) else tf.identity(y))
+              for x, y in pairs]                  # on the device when recorded
+        v = tf.Variable(tf.constant(start, dtype))
+        out = []
+        for _ in range(3):                      # the first records, the others take the path
+            for name in OPERATORS:
+                out += [getattr(x, name)(y) for x, y in on]
+                out += [getattr(v, name)(n) for n in NUMBERS]
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, metrics = eager_then_lazy(run)
+    assert len(lz) == len(eager)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=1e-6 if dtype == tf.float32 else 1e-12)
+    assert metrics["compiles"] == 1 and not any(k.startswith("fallback") for k in metrics)
+
+
+def test_a_repeated_operator_skips_tensorflows_wrapper(monkeypatch):
+    calls = []
+    original = tensor_lib.Tensor.__mul__
+
+    def counted(x, y):
+        calls.append(1)
+        return original(x, y)
+    monkeypatch.setattr(tensor_lib.Tensor, "__mul__", counted)
+    with lazy.device():
+        x = tf.constant([1.0, 2.0]) + 0.0
+        v = tf.Variable([3.0, 4.0, 5.0])
+        ys, zs = [x * 0.5], [v * 2.0]     # the first of each records the op's recipe
+        first = len(calls)
+        ys += [x * 0.5 for _ in range(4)]
+        zs += [v * 2.0 for _ in range(4)]
+        lazy.mark_step()
+    assert first <= 2 and len(calls) == first
+    assert [y.numpy().tolist() for y in ys] == [[0.5, 1.0]] * 5
+    assert [z.numpy().tolist() for z in zs] == [[6.0, 8.0, 10.0]] * 5
+
+
+def test_tensorflows_own_path_where_something_else_sees_the_op(monkeypatch):
+    """Under a gradient tape, for other dtypes, with mismatched dtypes, under another device's
+    scope and for integers a double cannot hold, the operator is TensorFlow's: the same
+    results, gradients, errors and placements as eager."""
+    rng = np.random.default_rng(7)
+    a0, b0 = random_array(rng, (3,)), random_array(rng, (3,))
+
+    def run(on_device):
+        a, b = tf.Variable(a0), tf.constant(b0) + 0.0
+        i = tf.constant([7, 8, 9]) + 0
+        _ = [b * 2.0 for _ in range(2)]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(a * b * 2.0 + a ** 2.0 - 1.0 / a)
+        grad = tape.gradient(loss, a)
+        ints = [i * 3, i / 2, i - 1]
+        big = b * (2 ** 60 + 1)
+        with pytest.raises((TypeError, tf.errors.InvalidArgumentError, lazy.LazyError)):
+            _ = b * tf.constant([1.0, 2.0, 3.0], tf.float64)
+        with tf.device("CPU:0"):
+            placed = b * 3.0
+        if on_device:
+            assert placed.device.endswith("CPU:0")
+            lazy.mark_step()
+        return [x.numpy() for x in [loss, grad, *ints, big, placed]]
+
+    eager, lz, _ = eager_then_lazy(run)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=1e-6)
+
+
+def test_tensors_off_the_device_keep_tensorflows_operators():
+    with lazy.device():
+        pass                                  # the operators are installed
+    x = tf.constant([1.0, 2.0])
+    results = [(x * 2.0), (2.0 * x), (x + x), (x ** 2), (1.0 / x), (x - 1)]
+    assert all(r.device.endswith("CPU:0") for r in results)
+    assert [r.numpy().tolist() for r in results] == [[2.0, 4.0], [2.0, 4.0], [2.0, 4.0],
+                                                      [1.0, 4.0], [1.0, 0.5], [0.0, 1.0]]
+
+    @tf.function
+    def traced(v):
+        return v * 2.0 + 1.0
+    assert traced(x).numpy().tolist() == [3.0, 5.0]
+
+
+def test_numbers_become_parameters_not_constants():
+    """Each step's new learning rate is a parameter of the same compiled program."""
+    with lazy.device():
+        w = tf.Variable([1.0, 2.0])
+        lazy.reset_metrics()
+        for lr in np.linspace(0.1, 0.5, 6):
+            w.assign_sub(lr * (w * 0.5))
+            lazy.mark_step()
+    m = lazy.metrics()
+    expected = np.array([1.0, 2.0])
+    for lr in np.linspace(0.1, 0.5, 6):
+        expected = expected - lr * expected * 0.5
+    np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6)
+    assert m["compiles"] <= 2, m
+
+
+def test_operator_pairs_cover_both_orders():
+    """``2.0 - x`` is ``Sub(2.0, x)``, not ``Sub(x, 2.0)``: the swapped operators keep order."""
+    with lazy.device():
+        x = tf.constant([1.0, 4.0]) + 0.0
+        pairs = [(2.0 - x, 2.0 / x, 2.0 ** x) for _ in range(3)]
+        lazy.mark_step()
+    for s, d, p in pairs:
+        assert s.numpy().tolist() == [1.0, -2.0]
+        assert d.numpy().tolist() == [2.0, 0.5]
+        assert p.numpy().tolist() == [2.0, 16.0]
+    assert set(itertools.chain(*[(k, k.replace("__r", "__", 1)) for k in OPERATORS
+                                 if k.startswith("__r")])) == set(OPERATORS)
