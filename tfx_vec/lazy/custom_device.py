@@ -46,7 +46,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -619,13 +619,15 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
 _OPERATOR_ENUMS = frozenset({tf.float32.as_datatype_enum, tf.float64.as_datatype_enum})
 
 
-def _record_operator(op_type: str, x: Any, y: Any, swapped: bool) -> tf.Tensor | None:
+def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
+                     observed: Callable[[], bool]) -> tf.Tensor | None:
     """``x <op> y`` (``y <op> x`` when ``swapped``) recorded as :func:`_execute` records it
     once it knows the op, without TensorFlow's op wrappers (``operators.py``): for a float
     device tensor ``x`` and a device tensor of its dtype or a number ``y``, when the op
-    was recorded before on operands of these signatures; None otherwise (TensorFlow's path)."""
+    was recorded before on operands of these signatures and nothing else ``observed`` it;
+    None otherwise (TensorFlow's path)."""
     t = _native[0].payload(x, DEVICE_NAME) if type(x) is ops.EagerTensor else None
-    if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS:
+    if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS or observed():
         return None
     a = t._node
     enum = a.sig[1]

@@ -48,14 +48,15 @@ OPERATORS = {
 NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
                      np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
 
-Record = Callable[[str, Any, Any, bool], Any]
+Record = Callable[[str, Any, Any, bool, Callable[[], bool]], Any]
 _installed = [False]
 
 
 def install(record: Record) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
-    eager tensor, other operand, swapped)`` first: its result, or TensorFlow's operator when it
-    returns None (idempotent)."""
+    eager tensor, other operand, swapped, observed)`` first: its result, or TensorFlow's
+    operator when it returns None (idempotent).  ``record`` calls ``observed()`` once it knows
+    the tensor is its own (tensors elsewhere do not pay for the check)."""
     if _installed[0]:
         return
     _installed[0] = True
@@ -76,8 +77,8 @@ def _observed() -> bool:
 def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record) -> Callable:
     def operator(x, y):
         kind = type(y)
-        if (kind is ops.EagerTensor or kind in NUMBERS) and not _observed():
-            out = record(op_type, x, y, swapped)
+        if kind is ops.EagerTensor or kind in NUMBERS:
+            out = record(op_type, x, y, swapped, _observed)
             if out is not None:
                 return out
         return getattr(tensor_lib.Tensor, name)(x, y)
