@@ -117,6 +117,24 @@ def test_tensors_off_the_device_keep_tensorflows_operators():
     assert traced(x).numpy().tolist() == [3.0, 5.0]
 
 
+def test_a_variable_operand_reads_the_value_of_that_moment():
+    def run(on_device):
+        v = tf.Variable([1.0, 2.0])
+        reads = []
+        for k in range(3):
+            reads += [v * 2.0, 1.0 - v, v / v]
+            v.assign_add([0.5, float(k)])
+            reads.append(v ** 2.0)
+        if on_device:
+            lazy.mark_step()
+        return [r.numpy() for r in reads]
+
+    eager, lz, metrics = eager_then_lazy(run)
+    for a, e in zip(lz, eager):
+        np.testing.assert_allclose(a, e, rtol=1e-6)
+    assert metrics["compiles"] == 1
+
+
 def test_numbers_become_parameters_not_constants():
     """Each step's new learning rate is a parameter of the same compiled program."""
     with lazy.device():

@@ -101,7 +101,7 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         _keep_unread_variables()
-        operators.install(_record_operator)
+        operators.install(_record_operator, _read_operand)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
@@ -655,6 +655,27 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
         b = Node("scalar", (), (), (), a.dtype, value, None, b_sig)
     (spec,) = recipe.specs((b, a) if swapped else (a, b))
     return _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
+
+
+def _read_operand(v: Any, observed: Callable[[], bool]) -> tf.Tensor | None:
+    """``v.value()`` of a device variable, an operand of a Python operator, read as
+    :func:`_read_variable` reads it but without TensorFlow's op wrappers, when nothing else
+    ``observed`` the read; None otherwise (TensorFlow's path)."""
+    handle = v._handle
+    state = _native[0].payload(handle, DEVICE_NAME) if type(handle) is ops.EagerTensor else None
+    if type(state) is not DeviceVariable or v._cached_value is not None or \
+            getattr(v, "_caching_device", None) is not None or observed():
+        return None
+    ctx = context.context()
+    if ctx.device_name not in ("", DEVICE_NAME):
+        return None
+    if _get_ident() != _owner[0]:
+        _check_thread()
+    resource_variable_ops.variable_accessed(v)     # as TensorFlow's read: the tape and graph
+    v._variable_read = True
+    if units.PROBES:
+        units.note_read(state)
+    return _native[0].make_tensor(ctx._handle, DEVICE_NAME, _spec(LazyTensor(state._node)))
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:

@@ -7,7 +7,8 @@ records one op: about 25 µs an operator, where recording it costs two.  An upda
 by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators.
 
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
-``+ - * / **`` that first offer the operation to the device (``record``), which records it
+``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
+operand is read by the device too), which records it
 directly where that is the same as TensorFlow's path: both operands on the device or one a
 Python or NumPy number, float32 or float64, the op already recorded once on operands of the same
 signatures, eager execution under the device's scope or none, with no gradient tape, forward accumulator or op callback to
@@ -49,21 +50,24 @@ NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np
                      np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
 
 Record = Callable[[str, Any, Any, bool, Callable[[], bool]], Any]
+Read = Callable[[Any, Callable[[], bool]], Any]
 _installed = [False]
 
 
-def install(record: Record) -> None:
+def install(record: Record, read: Read) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
     eager tensor, other operand, swapped, observed)`` first: its result, or TensorFlow's
     operator when it returns None (idempotent).  ``record`` calls ``observed()`` once it knows
-    the tensor is its own (tensors elsewhere do not pay for the check)."""
+    the tensor is its own (tensors elsewhere do not pay for the check).  A variable operand is
+    read by ``read(variable, observed)``, or by ``variable.value()`` where that returns None."""
     if _installed[0]:
         return
     _installed[0] = True
     for name, (op_type, swapped) in OPERATORS.items():
         on_tensor = _tensor_operator(name, op_type, swapped, record)
         setattr(ops.EagerTensor, name, on_tensor)
-        setattr(resource_variable_ops.BaseResourceVariable, name, _variable_operator(on_tensor))
+        setattr(resource_variable_ops.BaseResourceVariable, name,
+                _variable_operator(on_tensor, read))
 
 
 def _observed() -> bool:
@@ -86,9 +90,10 @@ def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record) -> 
     return operator
 
 
-def _variable_operator(on_tensor: Callable) -> Callable:
+def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
     # As TensorFlow's own: the operator of the variable's value (a read).
     def operator(v, y):
-        return on_tensor(v.value(), y)
+        value = read(v, _observed)
+        return on_tensor(v.value() if value is None else value, y)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
