@@ -616,6 +616,18 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     return [_spec(LazyTensor(n)) for n in outs]
 
 
+def _reaching_device() -> Any:
+    """The eager context when an op issued now on device tensors would reach the device
+    (under its scope or none, from the device's thread), else None: under another device's
+    scope TensorFlow copies the inputs there, which forces them."""
+    ctx = context.context()
+    if ctx.device_name not in ("", DEVICE_NAME):
+        return None
+    if _get_ident() != _owner[0]:
+        _check_thread()
+    return ctx
+
+
 _OPERATOR_ENUMS = frozenset({tf.float32.as_datatype_enum, tf.float64.as_datatype_enum})
 
 
@@ -646,11 +658,9 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
     attrs = _t_attrs(a.dtype)
     recipe = _recipes.get((op_type, attrs, b_sig, a_sig) if swapped else
                           (op_type, attrs, a_sig, b_sig))
-    ctx = context.context()
-    if recipe is None or not recipe.direct or ctx.device_name not in ("", DEVICE_NAME):
-        return None     # (under another device's scope TensorFlow copies x there: forced)
-    if _get_ident() != _owner[0]:
-        _check_thread()
+    ctx = _reaching_device()
+    if recipe is None or not recipe.direct or ctx is None:
+        return None
     if b is None:   # a Python number: a scalar parameter, as its host tensor would be
         b = Node("scalar", (), (), (), a.dtype, value, None, b_sig)
     (spec,) = recipe.specs((b, a) if swapped else (a, b))
@@ -666,11 +676,9 @@ def _read_operand(v: Any, observed: Callable[[], bool]) -> tf.Tensor | None:
     if type(state) is not DeviceVariable or v._cached_value is not None or \
             getattr(v, "_caching_device", None) is not None or observed():
         return None
-    ctx = context.context()
-    if ctx.device_name not in ("", DEVICE_NAME):
+    ctx = _reaching_device()
+    if ctx is None:
         return None
-    if _get_ident() != _owner[0]:
-        _check_thread()
     resource_variable_ops.variable_accessed(v)     # as TensorFlow's read: the tape and graph
     v._variable_read = True
     if units.PROBES:

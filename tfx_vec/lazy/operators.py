@@ -8,11 +8,11 @@ by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators
 
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
 ``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
-operand is read by the device too), which records it
-directly where that is the same as TensorFlow's path: both operands on the device or one a
-Python or NumPy number, float32 or float64, the op already recorded once on operands of the same
-signatures, eager execution under the device's scope or none, with no gradient tape, forward accumulator or op callback to
-observe it, and TensorFlow's default dtype conversion.  Everything else, and every tensor
+operand is read by the device too), which records it directly where that is the same as
+TensorFlow's path: both operands on the device or one a Python or NumPy number, float32 or
+float64, the op already recorded once on operands of the same signatures, eager execution
+under the device's scope or none, with no gradient tape, forward accumulator or op callback
+to observe it, and TensorFlow's default dtype conversion.  Everything else, and every tensor
 that is not on the device, goes through TensorFlow's own operator, looked up when called.
 
 Example:
