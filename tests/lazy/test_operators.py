@@ -135,6 +135,38 @@ def test_a_variable_operand_reads_the_value_of_that_moment():
     assert metrics["compiles"] == 1
 
 
+def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monkeypatch):
+    from tensorflow.python.ops import gen_resource_variable_ops as gen
+    calls = []
+    for name in ("assign_variable_op", "assign_add_variable_op", "assign_sub_variable_op"):
+        original = getattr(gen, name)
+        monkeypatch.setattr(gen, name, lambda *a, _o=original, **k: calls.append(1) or _o(*a, **k))
+    rng = np.random.default_rng(11)
+    start, delta = random_array(rng, (2, 3)), random_array(rng, (2, 3))
+
+    def run(on_device):
+        v = tf.Variable(start)
+        d = tf.constant(delta) + 0.0           # on the device when recorded
+        out, through_tf = [], []
+        for _ in range(3):
+            before = len(calls)
+            out.append(v.assign_add(d) + 0.0)
+            out.append(tf.identity(v.assign_sub(0.5 * d)))
+            assert v.assign(v * 2.0, read_value=False) is None
+            out.append(v.read_value())
+            through_tf.append(len(calls) - before)
+        with pytest.raises(Exception, match="shape|expected float32"):
+            v.assign_add(tf.constant([1.0, 2.0]) + 0.0)
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out], through_tf
+
+    eager, lz, _ = eager_then_lazy(run)
+    for a, e in zip(lz[0], eager[0]):
+        np.testing.assert_allclose(a, e, rtol=1e-6)
+    assert eager[1] == [3, 3, 3] and lz[1] == [0, 0, 0]   # no update through TF's wrappers
+
+
 def test_numbers_become_parameters_not_constants():
     """Each step's new learning rate is a parameter of the same compiled program."""
     with lazy.device():

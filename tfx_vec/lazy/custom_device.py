@@ -101,7 +101,7 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         _keep_unread_variables()
-        operators.install(_record_operator, _read_operand)
+        operators.install(_record_operator, _read_operand, _update_variable)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
@@ -297,8 +297,13 @@ def _read_variable(op_type: str, attrs: bytes, state: tuple, cap: Any) -> list:
 
 @_on_variable
 def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
-    state = inputs[0]
-    new = _node_of(inputs[1])
+    _update(inputs[0], op_type, _node_of(inputs[1]))
+    return []
+
+
+def _update(state: DeviceVariable, op_type: str, new: Node) -> None:
+    """``state``'s ``AssignVariableOp``, ``AssignAddVariableOp`` or ``AssignSubVariableOp``
+    of ``new``, substituted."""
     if op_type != "AssignVariableOp":
         if units.PROBES:
             units.note_read(state)
@@ -306,7 +311,6 @@ def _assign(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
         state._check(new, op_type)
         (new,) = _record(raw.describe(what, _t_attrs(state.dtype), 2), [state._node, new])
     state.assign(new, op_type)
-    return []
 
 
 @_on_variable
@@ -684,6 +688,23 @@ def _read_operand(v: Any, observed: Callable[[], bool]) -> tf.Tensor | None:
     if units.PROBES:
         units.note_read(state)
     return _native[0].make_tensor(ctx._handle, DEVICE_NAME, _spec(LazyTensor(state._node)))
+
+
+def _update_variable(op_type: str, v: Any, value: Any, observed: Callable[[], bool]) -> bool:
+    """``v.assign(value)`` (``op_type``: its op, or the ``_add``/``_sub`` one's) of a device
+    variable and a device tensor of its shape and dtype, substituted as :func:`_assign` does
+    but without TensorFlow's op wrappers, when nothing else ``observed`` it; False when not
+    done (TensorFlow's path)."""
+    handle = v._handle
+    state = _native[0].payload(handle, DEVICE_NAME) if type(handle) is ops.EagerTensor else None
+    if type(state) is not DeviceVariable:
+        return False
+    t = _native[0].payload(value, DEVICE_NAME)
+    if type(t) is not LazyTensor or t._node.sig != state._read.sig or observed() or \
+            _reaching_device() is None:
+        return False
+    _update(state, op_type, t._node)
+    return True
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:

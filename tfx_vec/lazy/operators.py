@@ -1,4 +1,5 @@
-"""Python's arithmetic operators on device tensors, recorded without TensorFlow's op wrappers.
+"""Python's arithmetic operators and variable updates on the lazy device, recorded without
+TensorFlow's op wrappers.
 
 ``m * 0.9``, ``g + h`` or ``v / c`` on a tensor of the lazy device runs TensorFlow's Python
 operator machinery (a name scope, dtype promotion, the Python number converted to a host
@@ -8,7 +9,8 @@ by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators
 
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
 ``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
-operand is read by the device too), which records it directly where that is the same as
+operand is read by the device too, and its ``assign``, ``assign_add`` and ``assign_sub`` of a
+device tensor are offered likewise), which records it directly where that is the same as
 TensorFlow's path: both operands on the device or one a Python or NumPy number, float32 or
 float64, the op already recorded once on operands of the same signatures, eager execution
 under the device's scope or none, with no gradient tape, forward accumulator or op callback
@@ -34,7 +36,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops, tensor as tensor_lib
 from tensorflow.python.ops import resource_variable_ops
 
-__all__ = ["install", "OPERATORS", "NUMBERS"]
+__all__ = ["install", "OPERATORS", "NUMBERS", "UPDATES"]
 
 # Python operator -> (TensorFlow op, operands swapped: ``2.0 * x`` is Mul(2.0, x))
 OPERATORS = {
@@ -51,15 +53,22 @@ NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np
 
 Record = Callable[[str, Any, Any, bool, Callable[[], bool]], Any]
 Read = Callable[[Any, Callable[[], bool]], Any]
+Update = Callable[[str, Any, Any, Callable[[], bool]], bool]
+
+# A resource variable's update method -> its op
+UPDATES = {"assign": "AssignVariableOp", "assign_add": "AssignAddVariableOp",
+           "assign_sub": "AssignSubVariableOp"}
 _installed = [False]
 
 
-def install(record: Record, read: Read) -> None:
+def install(record: Record, read: Read, update: Update) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
     eager tensor, other operand, swapped, observed)`` first: its result, or TensorFlow's
     operator when it returns None (idempotent).  ``record`` calls ``observed()`` once it knows
     the tensor is its own (tensors elsewhere do not pay for the check).  A variable operand is
-    read by ``read(variable, observed)``, or by ``variable.value()`` where that returns None."""
+    read by ``read(variable, observed)``, or by ``variable.value()`` where that returns None.
+    A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor try
+    ``update(op type, variable, tensor, observed)`` first (False: TensorFlow's method)."""
     if _installed[0]:
         return
     _installed[0] = True
@@ -68,6 +77,10 @@ def install(record: Record, read: Read) -> None:
         setattr(ops.EagerTensor, name, on_tensor)
         setattr(resource_variable_ops.BaseResourceVariable, name,
                 _variable_operator(on_tensor, read))
+    for cls in (resource_variable_ops.BaseResourceVariable, resource_variable_ops.ResourceVariable):
+        for name, op_type in UPDATES.items():
+            if name in vars(cls):     # TensorFlow wraps ResourceVariable's own for weak types
+                setattr(cls, name, _variable_update(vars(cls)[name], op_type, update))
 
 
 def _observed() -> bool:
@@ -97,3 +110,15 @@ def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
         return on_tensor(v.value() if value is None else value, y)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
+
+
+def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:
+    def method(self, value, use_locking=None, name=None, read_value=True):
+        if type(value) is ops.EagerTensor and update(op_type, self, value, _observed):
+            # What TensorFlow's method returns eagerly: the variable to be read, or None.
+            return self._lazy_read(None) if read_value else None
+        return original(self, value, use_locking, name, read_value)
+    method.__name__ = method.__qualname__ = original.__name__
+    method.__doc__ = original.__doc__
+    method.__wrapped__ = original
+    return method
