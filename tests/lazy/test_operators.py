@@ -5,6 +5,8 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorflow.python.framework import tensor as tensor_lib
 
 from tests.support import eager_then_lazy, random_array
@@ -82,9 +84,12 @@ def test_tensorflows_own_path_where_something_else_sees_the_op(monkeypatch):
         a, b = tf.Variable(a0), tf.constant(b0) + 0.0
         i = tf.constant([7, 8, 9]) + 0
         _ = [b * 2.0 for _ in range(2)]
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(a * b * 2.0 + a ** 2.0 - 1.0 / a)
+        with tf.GradientTape(persistent=True) as tape:
+            y = a * b * 2.0 + a ** 2.0 - 1.0 / a
+            loss = tf.reduce_sum(y)
         grad = tape.gradient(loss, a)
+        # several targets: TensorFlow's own backward, from the ops its tape recorded
+        grad_tf = tape.gradient([loss, y], a)
         ints = [i * 3, i / 2, i - 1]
         big = b * (2 ** 60 + 1)
         with pytest.raises((TypeError, tf.errors.InvalidArgumentError, lazy.LazyError)):
@@ -94,7 +99,7 @@ def test_tensorflows_own_path_where_something_else_sees_the_op(monkeypatch):
         if on_device:
             assert placed.device.endswith("CPU:0")
             lazy.mark_step()
-        return [x.numpy() for x in [loss, grad, *ints, big, placed]]
+        return [x.numpy() for x in [loss, grad, grad_tf, *ints, big, placed]]
 
     eager, lz, _ = eager_then_lazy(run)
     for a, e in zip(lz, eager):
@@ -195,3 +200,61 @@ def test_operator_pairs_cover_both_orders():
         assert p.numpy().tolist() == [2.0, 16.0]
     assert set(itertools.chain(*[(k, k.replace("__r", "__", 1)) for k in OPERATORS
                                  if k.startswith("__r")])) == set(OPERATORS)
+
+
+# {{{ random programs of operators, reads and updates
+
+_NUMBER = st.one_of(st.floats(-2, 2, width=32), st.integers(-3, 3),
+                    st.floats(0.125, 2, width=32).map(np.float32),
+                    st.floats(0.1, 2).map(np.float64), st.integers(1, 4).map(np.int64))
+_STEP = st.one_of(
+    st.tuples(st.just("op"), st.sampled_from([k for k in OPERATORS if "pow" not in k]),
+              st.integers(0, 3), st.sampled_from(["number", "tensor", "variable"]), _NUMBER,
+              st.integers(0, 3)),
+    st.tuples(st.just("update"), st.sampled_from(["assign", "assign_add", "assign_sub"]),
+              st.integers(0, 1), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("read"), st.integers(0, 1), st.integers(0, 3)))
+
+
+def _program(steps, dtype, values):
+    """Run ``steps`` three times over two variables and four tensors; every value made."""
+    def run(on_device):
+        vs = [tf.Variable(tf.constant(values[k], dtype)) for k in range(2)]
+        ts = [tf.constant(values[2 + k], dtype) * 1.0 for k in range(4)]
+        out = []
+        for _ in range(3):
+            for step in steps:
+                if step[0] == "op":
+                    _, name, i, kind, number, j = step
+                    y = {"number": number, "tensor": ts[j], "variable": vs[j % 2]}[kind]
+                    ts[i] = tf.clip_by_value(getattr(ts[i], name)(y), -10.0, 10.0)
+                    out.append(ts[i])
+                elif step[0] == "update":
+                    _, name, k, j, read_value = step
+                    got = getattr(vs[k], name)(tf.clip_by_value(ts[j] * 0.1, -1.0, 1.0),
+                                               read_value=read_value)
+                    out += [got + 0.0] if read_value else []
+                else:
+                    _, k, i = step
+                    ts[i] = vs[k] * 1.0 + ts[i] * 0.5
+                    out.append(ts[i])
+            if on_device:
+                lazy.mark_step()
+        return [o.numpy() for o in out + [v.read_value() for v in vs]]
+    return run
+
+
+@settings(max_examples=8)
+@given(steps=st.lists(_STEP, min_size=3, max_size=15),
+       dtype=st.sampled_from([tf.float32, tf.float64]),
+       shape=st.sampled_from([(3,), (2, 3)]), seed=st.integers(0, 2 ** 16))
+def test_random_programs_of_operators_reads_and_updates_give_the_eager_values(
+        steps, dtype, shape, seed):
+    values = np.random.default_rng(seed).uniform(0.5, 1.5, size=(6,) + shape)
+    eager, lz, metrics = eager_then_lazy(_program(steps, dtype, values))
+    assert len(lz) == len(eager)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    assert not any(k.startswith("fallback") for k in metrics)
+# }}}
