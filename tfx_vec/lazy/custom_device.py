@@ -125,7 +125,7 @@ def _keep_unread_variables() -> None:
             return original(self, op)
         kept = self.__dict__.get("_tfx_vec_unread")
         if kept is None:   # decided once per variable: its handle never moves
-            on_device = getattr(self._handle, "device", None) == DEVICE_NAME
+            on_device = _variable_state(self) is not None
             kept = original(self, op) if on_device else False
             self.__dict__["_tfx_vec_unread"] = kept
             return original(self, op) if kept is False else kept
@@ -241,6 +241,13 @@ class DeviceVariable:
 
     def __repr__(self) -> str:
         return f"<lazy DeviceVariable {self.name!r} {self.dtype.name}{list(self.shape)}>"
+
+
+def _variable_state(v: Any) -> DeviceVariable | None:
+    """The :class:`DeviceVariable` behind resource variable ``v``; None for a variable that
+    lives elsewhere."""
+    state = payload_of(v._handle)
+    return state if type(state) is DeviceVariable else None
 
 
 def assign_all(states: list, nodes: list) -> None:
@@ -499,14 +506,16 @@ class _Recipe:
 _recipes: dict = {}
 
 
-def _record(op: raw.RawOp, nodes: list) -> list:
-    """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
+def _recipe_sig(n: Node) -> tuple:
+    """An input node's part of a recipe key (:func:`_execute` inlines it on its hot path)."""
     # A constant is keyed by its value, tagged: (value, tf.int32) would equal and hash as a
     # (shape, dtype enum) signature, since a DType compares equal to its enum.
-    sig = [op.type, op.attrs]
-    for n in nodes:
-        sig.append(n.sig if n.op != "const" else ("const", n.attrs))
-    sig = tuple(sig)
+    return n.sig if n.op != "const" else ("const", n.attrs)
+
+
+def _record(op: raw.RawOp, nodes: list) -> list:
+    """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
+    sig = (op.type, op.attrs, *map(_recipe_sig, nodes))
     recipe = _recipes.get(sig)
     if recipe is None:
         try:
@@ -642,23 +651,23 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
     device tensor ``x`` and a device tensor of its dtype or a number ``y``, when the op
     was recorded before on operands of these signatures and nothing else ``observed`` it;
     None otherwise (TensorFlow's path)."""
-    t = _native[0].payload(x, DEVICE_NAME) if type(x) is ops.EagerTensor else None
+    t = payload_of(x)
     if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS or observed():
         return None
     a = t._node
     enum = a.sig[1]
     if type(y) is ops.EagerTensor:
-        u = _native[0].payload(y, DEVICE_NAME)
+        u = payload_of(y)
         if type(u) is not LazyTensor or u._node.sig[1] != enum:
             return None
         b = u._node
-        b_sig = b.sig if b.op != "const" else ("const", b.attrs)
+        b_sig = _recipe_sig(b)
     else:
         value = float(y)
         if not isinstance(y, (float, np.floating)) and value != int(y):
             return None     # an integer a double cannot hold would be rounded twice
         b, b_sig = None, ((), enum)
-    a_sig = a.sig if a.op != "const" else ("const", a.attrs)
+    a_sig = _recipe_sig(a)
     attrs = _t_attrs(a.dtype)
     recipe = _recipes.get((op_type, attrs, b_sig, a_sig) if swapped else
                           (op_type, attrs, a_sig, b_sig))
@@ -675,19 +684,16 @@ def _read_operand(v: Any, observed: Callable[[], bool]) -> tf.Tensor | None:
     """``v.value()`` of a device variable, an operand of a Python operator, read as
     :func:`_read_variable` reads it but without TensorFlow's op wrappers, when nothing else
     ``observed`` the read; None otherwise (TensorFlow's path)."""
-    handle = v._handle
-    state = _native[0].payload(handle, DEVICE_NAME) if type(handle) is ops.EagerTensor else None
-    if type(state) is not DeviceVariable or v._cached_value is not None or \
-            getattr(v, "_caching_device", None) is not None or observed():
-        return None
-    ctx = _reaching_device()
-    if ctx is None:
+    state = _variable_state(v)
+    if state is None or v._cached_value is not None or \
+            getattr(v, "_caching_device", None) is not None or observed() or \
+            _reaching_device() is None:
         return None
     resource_variable_ops.variable_accessed(v)     # as TensorFlow's read: the tape and graph
     v._variable_read = True
     if units.PROBES:
         units.note_read(state)
-    return _native[0].make_tensor(ctx._handle, DEVICE_NAME, _spec(LazyTensor(state._node)))
+    return make_tensor(LazyTensor(state._node))
 
 
 def _update_variable(op_type: str, v: Any, value: Any, observed: Callable[[], bool]) -> bool:
@@ -695,13 +701,10 @@ def _update_variable(op_type: str, v: Any, value: Any, observed: Callable[[], bo
     variable and a device tensor of its shape and dtype, substituted as :func:`_assign` does
     but without TensorFlow's op wrappers, when nothing else ``observed`` it; False when not
     done (TensorFlow's path)."""
-    handle = v._handle
-    state = _native[0].payload(handle, DEVICE_NAME) if type(handle) is ops.EagerTensor else None
-    if type(state) is not DeviceVariable:
-        return False
-    t = _native[0].payload(value, DEVICE_NAME)
-    if type(t) is not LazyTensor or t._node.sig != state._read.sig or observed() or \
-            _reaching_device() is None:
+    state = _variable_state(v)
+    t = payload_of(value)
+    if state is None or type(t) is not LazyTensor or t._node.sig != state._read.sig or \
+            observed() or _reaching_device() is None:
         return False
     _update(state, op_type, t._node)
     return True
