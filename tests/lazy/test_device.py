@@ -419,6 +419,25 @@ def test_tape_gradients_match_eager_whether_recorded_or_not():
         assert m[f"tape_eager::{reason}"] >= 1, m
 
 
+def test_a_variable_source_never_read_gets_zeros_of_its_shape():
+    def run(on_device):
+        v0, v1 = tf.Variable([1.0, 2.0]), tf.Variable([[3.0], [4.0]])
+        c = tf.constant([1.0, 1.0]) * 1.0
+        out = []
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                t = v0 * 2.0 + c
+            out += tape.gradient(tf.reduce_sum(t), [v0, v1],
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            if on_device:
+                lazy.mark_step()
+        return [g.numpy() for g in out]
+    eager, lz, metrics = eager_then_lazy(run)
+    for a, e in zip(lz, eager):
+        np.testing.assert_array_equal(a, e)
+    assert metrics["tape_recorded"] == 2
+
+
 def _gradient_surface(w0, x0):
     """What ``tape.gradient`` returns and how the tape behaves afterwards, for the plain calls
     (list and tuple sources, variables and watched tensors, persistent or not)."""

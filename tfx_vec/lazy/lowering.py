@@ -59,15 +59,20 @@ def assign_variable(var: Any, value: tf.Tensor) -> None:
         gen_resource_variable_ops.assign_variable_op(var, value)
 
 
-def _grad(tape: tf.GradientTape, entry: tuple, values: list, handles: dict) -> list:
+def _grad(tape: tf.GradientTape, entry: tuple, values: list, handles: dict,
+          entries: tuple) -> list:
     n_src, n_og, _ = entry[1]
     idx = entry[3]
     target = values[idx[0]]
-    sources = [handles[j] if j in handles else values[j] for j in idx[1:1 + n_src]]
+    src = idx[1:1 + n_src]
+    sources = [handles[j] if j in handles else values[j] for j in src]
     og = [values[j] for j in idx[1 + n_src:]] or None
     grads = tape.gradient(target, sources, output_gradients=og,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [tf.convert_to_tensor(g) for g in grads]
+    # TensorFlow has no zeros for an unconnected resource source: the variable's own.
+    return [tf.convert_to_tensor(g) if g is not None else
+            tf.zeros(entries[j][1][0], tf.as_dtype(entries[j][1][1]))
+            for g, j in zip(grads, src)]
 
 
 def _reads(entry: tuple) -> tuple:
@@ -146,7 +151,7 @@ def build(key: tuple, jit: bool = True) -> Callable:
                     v = values[e[3][0]][e[1][0]]
                 elif op == "grad":
                     with paused:
-                        v = _grad(tapes[i], e, values, handles)
+                        v = _grad(tapes[i], e, values, handles, entries)
                 elif op == "call":   # a library call (calls.py) on the program's variables
                     token, n_in = e[1]
                     n_var = (len(e[3]) - n_in) // 2
