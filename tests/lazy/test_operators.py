@@ -1,5 +1,6 @@
 """Python operators on device tensors: recorded without TensorFlow's wrappers where that is the
 same, TensorFlow's own path everywhere else; every result the eager one."""
+import contextlib
 import itertools
 
 import numpy as np
@@ -74,9 +75,9 @@ def test_a_repeated_operator_skips_tensorflows_wrapper(monkeypatch):
 
 
 def test_tensorflows_own_path_where_something_else_sees_the_op(monkeypatch):
-    """Under a gradient tape, for other dtypes, with mismatched dtypes, under another device's
-    scope and for integers a double cannot hold, the operator is TensorFlow's: the same
-    results, gradients, errors and placements as eager."""
+    """For other dtypes, with mismatched dtypes, under another device's scope and for integers
+    a double cannot hold, the operator is TensorFlow's; under a gradient tape it is recorded
+    on the tape too: the same results, gradients, errors and placements as eager."""
     rng = np.random.default_rng(7)
     a0, b0 = random_array(rng, (3,)), random_array(rng, (3,))
 
@@ -105,6 +106,70 @@ def test_tensorflows_own_path_where_something_else_sees_the_op(monkeypatch):
     for a, e in zip(lz, eager):
         assert a.dtype == e.dtype
         np.testing.assert_allclose(a, e, rtol=1e-6)
+
+
+def _taped_program(on_device):
+    """Operators under tapes on device tensors, host tensors (either side), numbers and
+    variables (either side); gradients TensorFlow's way and the recorded way; forward-mode
+    derivatives."""
+    rng = np.random.default_rng(21)
+    a0, b0, h0 = (random_array(rng, (3,)) + 2.0 for _ in range(3))
+    a, b = tf.Variable(a0), tf.constant(b0) * 1.0
+    with tf.device("CPU:0"):
+        h = tf.constant(h0)                 # a host tensor, as a tf.data batch is
+    out = []
+    for _ in range(3):                      # the first records the recipes
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(b)
+            y = a * b + h * a - b / h + 2.0 ** b - a ** 2.0
+            z = h - y * 0.5 + a + (b - a) * h
+            loss = tf.reduce_sum(z)
+        out.append(tape.gradient(loss, a))           # one target: recorded as one node
+        out += tape.gradient([loss, z], [a, b])      # several: TensorFlow's own backward
+        with tf.GradientTape() as outer:
+            outer.watch(b)
+            with tf.GradientTape() as inner:
+                inner.watch(b)
+                c = b * b * b + 3.0 * b
+            d = inner.gradient(c, b)
+        out += [d, outer.gradient(d, b)]             # a second derivative
+        with tf.GradientTape() as host_tape:
+            host_tape.watch(h)
+            e = tf.reduce_sum(h * a * h - 1.0 / h)
+        out.append(host_tape.gradient(e, h))         # a watched host tensor
+        out += [loss, z]
+    if on_device:
+        lazy.mark_step()
+    for _ in range(3):
+        with tf.autodiff.ForwardAccumulator(b, tf.ones_like(b)) as acc:
+            f = b * b * 0.5 + b * h - 2.0 / b
+        out += [f, acc.jvp(f)]
+    return [o.numpy() for o in out]
+
+
+def test_operators_under_tapes_give_tensorflows_gradients_and_skip_its_wrappers(monkeypatch):
+    eager, lz, metrics = eager_then_lazy(_taped_program)
+    assert len(lz) == len(eager)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=1e-6)
+    assert metrics["tape_recorded"] >= 3 and not any(k.startswith("fallback") for k in metrics)
+    calls = []
+    for name in ("__mul__", "__rmul__", "__sub__", "__add__"):
+        original = getattr(tensor_lib.Tensor, name)
+        monkeypatch.setattr(tensor_lib.Tensor, name,
+                            lambda x, y, _o=original: calls.append(1) or _o(x, y))
+    with lazy.device():
+        a, b = tf.Variable([1.0, 2.0]), tf.constant([3.0, 4.0]) * 1.0
+        for k in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(a * b - 2.0 * a + b * a)
+            g = tape.gradient(loss, a)
+            if k == 0:
+                first = len(calls)
+        lazy.mark_step()
+    assert g.numpy().tolist() == [4.0, 6.0]
+    assert len(calls) == first     # the two last rounds recorded every operator directly
 
 
 def test_tensors_off_the_device_keep_tensorflows_operators():
@@ -216,42 +281,56 @@ _STEP = st.one_of(
     st.tuples(st.just("read"), st.integers(0, 1), st.integers(0, 3)))
 
 
-def _program(steps, dtype, values):
-    """Run ``steps`` three times over two variables and four tensors; every value made."""
+def _program(steps, dtype, values, taped=False):
+    """Run ``steps`` three times over two variables and four tensors, under a gradient tape
+    when ``taped`` (then with the gradient of every value made towards the variables); every
+    value made."""
     def run(on_device):
         vs = [tf.Variable(tf.constant(values[k], dtype)) for k in range(2)]
         ts = [tf.constant(values[2 + k], dtype) * 1.0 for k in range(4)]
         out = []
         for _ in range(3):
-            for step in steps:
-                if step[0] == "op":
-                    _, name, i, kind, number, j = step
-                    y = {"number": number, "tensor": ts[j], "variable": vs[j % 2]}[kind]
-                    ts[i] = tf.clip_by_value(getattr(ts[i], name)(y), -10.0, 10.0)
-                    out.append(ts[i])
-                elif step[0] == "update":
-                    _, name, k, j, read_value = step
-                    got = getattr(vs[k], name)(tf.clip_by_value(ts[j] * 0.1, -1.0, 1.0),
-                                               read_value=read_value)
-                    out += [got + 0.0] if read_value else []
-                else:
-                    _, k, i = step
-                    ts[i] = vs[k] * 1.0 + ts[i] * 0.5
-                    out.append(ts[i])
+            made = []
+            with tf.GradientTape(persistent=True) if taped else contextlib.nullcontext() as tape:
+                for step in steps:
+                    made += _step(step, vs, ts)
+            if taped:
+                made += [tf.convert_to_tensor(g) for g in tape.gradient(
+                    tf.add_n([tf.reduce_sum(m) for m in made]), vs,
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO)]
+            out += made
             if on_device:
                 lazy.mark_step()
         return [o.numpy() for o in out + [v.read_value() for v in vs]]
     return run
 
 
+def _step(step, vs, ts):
+    """One step of a random program on variables ``vs`` and tensors ``ts``; what it made."""
+    if step[0] == "op":
+        _, name, i, kind, number, j = step
+        y = {"number": number, "tensor": ts[j], "variable": vs[j % 2]}[kind]
+        ts[i] = tf.clip_by_value(getattr(ts[i], name)(y), -10.0, 10.0)
+        return [ts[i]]
+    if step[0] == "update":
+        _, name, k, j, read_value = step
+        got = getattr(vs[k], name)(tf.clip_by_value(ts[j] * 0.1, -1.0, 1.0),
+                                   read_value=read_value)
+        return [got + 0.0] if read_value else []
+    _, k, i = step
+    ts[i] = vs[k] * 1.0 + ts[i] * 0.5
+    return [ts[i]]
+
+
 @settings(max_examples=8)
 @given(steps=st.lists(_STEP, min_size=3, max_size=15),
        dtype=st.sampled_from([tf.float32, tf.float64]),
-       shape=st.sampled_from([(3,), (2, 3)]), seed=st.integers(0, 2 ** 16))
+       shape=st.sampled_from([(3,), (2, 3)]), seed=st.integers(0, 2 ** 16),
+       taped=st.booleans())
 def test_random_programs_of_operators_reads_and_updates_give_the_eager_values(
-        steps, dtype, shape, seed):
+        steps, dtype, shape, seed, taped):
     values = np.random.default_rng(seed).uniform(0.5, 1.5, size=(6,) + shape)
-    eager, lz, metrics = eager_then_lazy(_program(steps, dtype, values))
+    eager, lz, metrics = eager_then_lazy(_program(steps, dtype, values, taped))
     assert len(lz) == len(eager)
     for a, e in zip(lz, eager):
         assert a.dtype == e.dtype

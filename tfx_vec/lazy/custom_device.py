@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, errors_impl, ops
 from tensorflow.python.ops import handle_data_util, resource_variable_ops
@@ -515,6 +516,11 @@ def _recipe_sig(n: Node) -> tuple:
 
 def _record(op: raw.RawOp, nodes: list) -> list:
     """Record ``op`` on input nodes; returns its output nodes (raises Unrecordable)."""
+    return _recipe(op, nodes).nodes(tuple(nodes))
+
+
+def _recipe(op: raw.RawOp, nodes: list) -> _Recipe:
+    """The recipe of ``op`` on input nodes of these signatures (raises Unrecordable)."""
     sig = (op.type, op.attrs, *map(_recipe_sig, nodes))
     recipe = _recipes.get(sig)
     if recipe is None:
@@ -528,7 +534,7 @@ def _record(op: raw.RawOp, nodes: list) -> list:
         if len(_recipes) >= raw.SPECS_MAX:
             _recipes.clear()
         recipe = _recipes[sig] = _Recipe(op, spec)
-    return recipe.nodes(tuple(nodes))
+    return recipe
 
 
 def _small_known(n: Node) -> bool:
@@ -594,6 +600,7 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
     sig = [op_type, attrs]
     nodes = []
     host = False
+    key = None
     for x in inputs:
         if type(x) is LazyTensor:
             n = x._node
@@ -606,12 +613,21 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
             nodes.append(x)
             host = True
     else:
-        recipe = _recipes.get(tuple(sig))
+        key = tuple(sig)
+        recipe = _recipes.get(key)
         if recipe is not None and recipe.direct:
             if host:  # a host tensor's leaf is made once the op is known to be recorded
                 nodes = [x if type(x) is Node else _node_of(x, s)
                          for x, s in zip(nodes, sig[2:])]
             return recipe.specs(tuple(nodes))
+        positions = _baked_positions.get(key[:2]) if host else None
+        if positions is not None:
+            hit = _baked_recipes.get(_baked_key(key, positions, nodes))
+            if hit is not None:
+                recipe, consts = hit
+                return recipe.specs(tuple([
+                    consts[k] if k in consts else x if type(x) is Node else _node_of(x, s)
+                    for k, (x, s) in enumerate(zip(nodes, sig[2:]))]))
     op = raw.describe(op_type, attrs, len(inputs))
     if op.kind != "record":
         return _run_on_host(op, inputs, cap, op.kind, op.reason)
@@ -623,10 +639,47 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
             nodes[p] = _bake(inputs[p], nodes[p], op, p)
         if op.foldable and all(_small_known(n) for n in nodes):
             return _fold(op, nodes, cap)
-        outs = _record(op, nodes)
+        recipe = _recipe(op, nodes)
     except Unrecordable as why:
         return _run_on_host(op, inputs, cap, "fallback", str(why))
-    return [_spec(LazyTensor(n)) for n in outs]
+    if key is not None and op.constant and not op.foldable:
+        _remember_baked(key, op, inputs, nodes, recipe)
+    return [_spec(LazyTensor(n)) for n in recipe.nodes(tuple(nodes))]
+
+
+# An op whose compile-time constant inputs are host tensors (an axis, a shape: TensorFlow's
+# API functions make them each call) is recorded again without describing it or baking its
+# constants when those have the values of an earlier call: (op type, attrs) -> constant
+# positions, and (signature key, the constants' bytes) -> (recipe, position -> baked node).
+_baked_positions: dict = {}
+_baked_recipes: dict = {}
+_BAKED_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum,
+                          tf.bool.as_datatype_enum})
+
+
+def _baked_key(key: tuple, positions: tuple, inputs: Any) -> tuple | None:
+    """``key`` extended by the values of the host tensors at the constant ``positions`` of
+    ``inputs`` (None when one is not an integer or bool host tensor)."""
+    values = []
+    for p in positions:
+        x = inputs[p]
+        if type(x) is not ops.EagerTensor or key[2 + p][1] not in _BAKED_ENUMS:
+            return None
+        values.append(x._numpy_internal().tobytes())
+    return (key, *values)
+
+
+def _remember_baked(key: tuple, op: raw.RawOp, inputs: tuple, nodes: list,
+                    recipe: _Recipe) -> None:
+    """Keep the recipe of an op just recorded with host tensors baked as its constants."""
+    positions = tuple(op.constant)
+    bkey = _baked_key(key, positions, inputs)
+    if bkey is None:
+        return
+    if len(_baked_recipes) >= raw.SPECS_MAX:
+        _baked_recipes.clear()
+    _baked_positions[key[:2]] = positions
+    _baked_recipes[bkey] = (recipe, {p: nodes[p] for p in positions})
 
 
 def _reaching_device() -> Any:
@@ -642,69 +695,107 @@ def _reaching_device() -> Any:
 
 
 _OPERATOR_ENUMS = frozenset({tf.float32.as_datatype_enum, tf.float64.as_datatype_enum})
+_T_ATTRS = {e: ("T", e) for e in _OPERATOR_ENUMS}   # an operator's attrs, as a tape gets them
 
 
 def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
-                     observed: Callable[[], bool]) -> tf.Tensor | None:
+                     watchers: Callable[[], int]) -> tf.Tensor | None:
     """``x <op> y`` (``y <op> x`` when ``swapped``) recorded as :func:`_execute` records it
     once it knows the op, without TensorFlow's op wrappers (``operators.py``): for a float
-    device tensor ``x`` and a device tensor of its dtype or a number ``y``, when the op
-    was recorded before on operands of these signatures and nothing else ``observed`` it;
-    None otherwise (TensorFlow's path)."""
+    device tensor and a device or host tensor of its dtype or a number, when the op was
+    recorded before on operands of these signatures and ``watchers`` are none or gradient
+    tapes (given the op as TensorFlow's fast path gives it); None otherwise (TensorFlow's
+    path)."""
     t = payload_of(x)
-    if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS or observed():
-        return None
+    if type(t) is not LazyTensor:   # the device tensor may be the other operand
+        if type(y) is not ops.EagerTensor:
+            return None
+        t = payload_of(y)
+        if type(t) is not LazyTensor:
+            return None
+        x, y, swapped = y, x, not swapped
     a = t._node
     enum = a.sig[1]
+    if enum not in _OPERATOR_ENUMS:
+        return None
+    seen = watchers()
+    if seen == operators.BLOCKED:
+        return None
+    host = None
     if type(y) is ops.EagerTensor:
         u = payload_of(y)
-        if type(u) is not LazyTensor or u._node.sig[1] != enum:
+        if u is None:       # a host tensor: its leaf, as _execute makes it
+            host = y
+            b_sig = (y._shape_tuple(), y._datatype_enum())
+        elif type(u) is LazyTensor:
+            b = u._node
+            b_sig = _recipe_sig(b)
+        else:
             return None
-        b = u._node
-        b_sig = _recipe_sig(b)
+        if b_sig[1] != enum:
+            return None
     else:
-        value = float(y)
-        if not isinstance(y, (float, np.floating)) and value != int(y):
+        number = float(y)
+        if not isinstance(y, (float, np.floating)) and number != int(y):
             return None     # an integer a double cannot hold would be rounded twice
-        b, b_sig = None, ((), enum)
+        b_sig = ((), enum)
     a_sig = _recipe_sig(a)
-    attrs = _t_attrs(a.dtype)
-    recipe = _recipes.get((op_type, attrs, b_sig, a_sig) if swapped else
-                          (op_type, attrs, a_sig, b_sig))
+    recipe = _recipes.get((op_type, _t_attrs(a.dtype), b_sig, a_sig) if swapped else
+                          (op_type, _t_attrs(a.dtype), a_sig, b_sig))
     ctx = _reaching_device()
     if recipe is None or not recipe.direct or ctx is None:
         return None
-    if b is None:   # a Python number: a scalar parameter, as its host tensor would be
-        b = Node("scalar", (), (), (), a.dtype, value, None, b_sig)
+    if host is not None:
+        b = _node_of(host, b_sig)
+    elif type(y) is not ops.EagerTensor:   # a number: a scalar parameter, as its host tensor
+        b = Node("scalar", (), (), (), a.dtype, number, None, b_sig)
     (spec,) = recipe.specs((b, a) if swapped else (a, b))
-    return _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
+    out = _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
+    if seen == operators.TAPED:
+        if type(y) is not ops.EagerTensor:
+            y = _native[0].make_tensor(ctx._handle, DEVICE_NAME, _spec(LazyTensor(b)))
+        _record_gradient(op_type, [y, x] if swapped else [x, y], _T_ATTRS[enum], out)
+    return out
 
 
-def _read_operand(v: Any, observed: Callable[[], bool]) -> tf.Tensor | None:
+def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -> None:
+    """Give the recording gradient tapes and forward accumulators the op, as TensorFlow's eager
+    fast path gives it to them (the generated op functions' ``record_gradient``)."""
+    pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, [out], ops.get_name_scope())
+
+
+def _read_operand(v: Any, watchers: Callable[[], int]) -> tf.Tensor | None:
     """``v.value()`` of a device variable, an operand of a Python operator, read as
-    :func:`_read_variable` reads it but without TensorFlow's op wrappers, when nothing else
-    ``observed`` the read; None otherwise (TensorFlow's path)."""
+    :func:`_read_variable` reads it but without TensorFlow's op wrappers, when ``watchers``
+    are none or gradient tapes (given the read as TensorFlow gives it); None otherwise
+    (TensorFlow's path)."""
     state = _variable_state(v)
     if state is None or v._cached_value is not None or \
-            getattr(v, "_caching_device", None) is not None or observed() or \
-            _reaching_device() is None:
+            getattr(v, "_caching_device", None) is not None:
+        return None
+    seen = watchers()
+    if seen == operators.BLOCKED or _reaching_device() is None:
         return None
     resource_variable_ops.variable_accessed(v)     # as TensorFlow's read: the tape and graph
     v._variable_read = True
     if units.PROBES:
         units.note_read(state)
-    return make_tensor(LazyTensor(state._node))
+    out = make_tensor(LazyTensor(state._node))
+    if seen == operators.TAPED:
+        _record_gradient("ReadVariableOp", [v._handle], ("dtype", state.dtype.as_datatype_enum),
+                         out)
+    return out
 
 
-def _update_variable(op_type: str, v: Any, value: Any, observed: Callable[[], bool]) -> bool:
+def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], int]) -> bool:
     """``v.assign(value)`` (``op_type``: its op, or the ``_add``/``_sub`` one's) of a device
     variable and a device tensor of its shape and dtype, substituted as :func:`_assign` does
-    but without TensorFlow's op wrappers, when nothing else ``observed`` it; False when not
-    done (TensorFlow's path)."""
+    but without TensorFlow's op wrappers, when nothing else watches it (``watchers``); False
+    when not done (TensorFlow's path)."""
     state = _variable_state(v)
     t = payload_of(value)
     if state is None or type(t) is not LazyTensor or t._node.sig != state._read.sig or \
-            observed() or _reaching_device() is None:
+            watchers() != operators.FREE or _reaching_device() is None:
         return False
     _update(state, op_type, t._node)
     return True

@@ -5,17 +5,21 @@ TensorFlow's op wrappers.
 operator machinery (a name scope, dtype promotion, the Python number converted to a host
 tensor, API dispatch, the generated op function, the eager fast path) before the device
 records one op: about 25 µs an operator, where recording it costs two.  An update written op
-by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators.
+by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators, and so is
+a forward pass written with them under a ``tf.GradientTape``.
 
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
 ``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
 operand is read by the device too, and its ``assign``, ``assign_add`` and ``assign_sub`` of a
 device tensor are offered likewise), which records it directly where that is the same as
-TensorFlow's path: both operands on the device or one a Python or NumPy number, float32 or
-float64, the op already recorded once on operands of the same signatures, eager execution
-under the device's scope or none, with no gradient tape, forward accumulator or op callback
-to observe it, and TensorFlow's default dtype conversion.  Everything else, and every tensor
-that is not on the device, goes through TensorFlow's own operator, looked up when called.
+TensorFlow's path: one operand on the device and the other on the device, a host tensor of
+the same dtype or a Python or NumPy number, float32 or float64, the op already recorded once
+on operands of the same signatures, eager execution under the device's scope or none, no op
+callback to observe it, and TensorFlow's default dtype conversion.  A gradient tape or
+forward accumulator that is recording gets the op (or the read) as TensorFlow's fast path
+gives it one (``TFE_Py_RecordGradient``, with the op's inputs, attrs and outputs); updates
+under one take TensorFlow's path.  Everything else, and every pair of tensors neither of
+which is on the device, goes through TensorFlow's own operator, looked up when called.
 
 Example:
     >>> import tensorflow as tf
@@ -36,7 +40,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops, tensor as tensor_lib
 from tensorflow.python.ops import resource_variable_ops
 
-__all__ = ["install", "OPERATORS", "NUMBERS", "UPDATES"]
+__all__ = ["install", "OPERATORS", "NUMBERS", "UPDATES", "FREE", "TAPED", "BLOCKED"]
 
 # Python operator -> (TensorFlow op, operands swapped: ``2.0 * x`` is Mul(2.0, x))
 OPERATORS = {
@@ -51,9 +55,14 @@ OPERATORS = {
 NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
                      np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
 
-Record = Callable[[str, Any, Any, bool, Callable[[], bool]], Any]
-Read = Callable[[Any, Callable[[], bool]], Any]
-Update = Callable[[str, Any, Any, Callable[[], bool]], bool]
+# What besides the device sees an op issued now (``watchers()``): nothing; a gradient tape or
+# forward accumulator, which records it as TensorFlow's fast path would; or something only
+# TensorFlow's own path serves (graph building, an op callback, a dtype conversion mode).
+FREE, TAPED, BLOCKED = 0, 1, 2
+Watchers = Callable[[], int]
+Record = Callable[[str, Any, Any, bool, Watchers], Any]
+Read = Callable[[Any, Watchers], Any]
+Update = Callable[[str, Any, Any, Watchers], bool]
 
 # A resource variable's update method -> its op
 UPDATES = {"assign": "AssignVariableOp", "assign_add": "AssignAddVariableOp",
@@ -63,17 +72,17 @@ _installed = [False]
 
 def install(record: Record, read: Read, update: Update) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
-    eager tensor, other operand, swapped, observed)`` first: its result, or TensorFlow's
-    operator when it returns None (idempotent).  ``record`` calls ``observed()`` once it knows
-    the tensor is its own (tensors elsewhere do not pay for the check).  A variable operand is
-    read by ``read(variable, observed)``, or by ``variable.value()`` where that returns None.
+    eager tensor, other operand, swapped, watchers)`` first: its result, or TensorFlow's
+    operator when it returns None (idempotent).  ``record`` calls ``watchers()`` once it knows
+    an operand is its own (tensors elsewhere do not pay for the check).  A variable operand is
+    read by ``read(variable, watchers)``, or by ``variable.value()`` where that returns None.
     A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor try
-    ``update(op type, variable, tensor, observed)`` first (False: TensorFlow's method)."""
+    ``update(op type, variable, tensor, watchers)`` first (False: TensorFlow's method)."""
     if _installed[0]:
         return
     _installed[0] = True
     for name, (op_type, swapped) in OPERATORS.items():
-        on_tensor = _tensor_operator(name, op_type, swapped, record)
+        on_tensor = _tensor_operator(name, op_type, swapped, record, read)
         setattr(ops.EagerTensor, name, on_tensor)
         setattr(resource_variable_ops.BaseResourceVariable, name,
                 _variable_operator(on_tensor, read))
@@ -83,22 +92,29 @@ def install(record: Record, read: Read, update: Update) -> None:
                 setattr(cls, name, _variable_update(vars(cls)[name], op_type, update))
 
 
-def _observed() -> bool:
-    """Whether anything besides the device sees each op: graph building, a gradient tape or
-    forward accumulator, an op callback, a dtype conversion mode other than the default."""
-    return not context.executing_eagerly() or not pywrap_tfe.TFE_Py_TapeSetIsEmpty() or \
-        bool(context.context().op_callbacks) or \
-        ops.get_dtype_conversion_mode() is not ops.PromoMode.OFF
+def _watchers() -> int:
+    """What besides the device sees each op issued now: :data:`BLOCKED` while building a graph,
+    with an op callback or a dtype conversion mode other than the default; :data:`TAPED` while
+    a gradient tape or forward accumulator records; else :data:`FREE`."""
+    if not context.executing_eagerly() or context.context().op_callbacks or \
+            ops.get_dtype_conversion_mode() is not ops.PromoMode.OFF:
+        return BLOCKED
+    return FREE if pywrap_tfe.TFE_Py_TapeSetIsEmpty() else TAPED
 
 
-def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record) -> Callable:
+def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record,
+                     read: Read) -> Callable:
     def operator(x, y):
         kind = type(y)
-        if kind is ops.EagerTensor or kind in NUMBERS:
-            out = record(op_type, x, y, swapped, _observed)
-            if out is not None:
-                return out
-        return getattr(tensor_lib.Tensor, name)(x, y)
+        if kind is not ops.EagerTensor and kind not in NUMBERS:
+            if not isinstance(y, resource_variable_ops.BaseResourceVariable):
+                return getattr(tensor_lib.Tensor, name)(x, y)
+            value = read(y, _watchers)    # TensorFlow's operator would read it too
+            if value is None:
+                return getattr(tensor_lib.Tensor, name)(x, y)
+            y = value
+        out = record(op_type, x, y, swapped, _watchers)
+        return getattr(tensor_lib.Tensor, name)(x, y) if out is None else out
     operator.__name__ = operator.__qualname__ = name
     return operator
 
@@ -106,7 +122,7 @@ def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record) -> 
 def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
     # As TensorFlow's own: the operator of the variable's value (a read).
     def operator(v, y):
-        value = read(v, _observed)
+        value = read(v, _watchers)
         return on_tensor(v.value() if value is None else value, y)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
@@ -114,7 +130,7 @@ def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
 
 def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:
     def method(self, value, use_locking=None, name=None, read_value=True):
-        if type(value) is ops.EagerTensor and update(op_type, self, value, _observed):
+        if type(value) is ops.EagerTensor and update(op_type, self, value, _watchers):
             # What TensorFlow's method returns eagerly: the variable to be read, or None.
             return self._lazy_read(None) if read_value else None
         return original(self, value, use_locking, name, read_value)
