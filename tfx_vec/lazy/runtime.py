@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
@@ -489,6 +490,14 @@ def _eager_value(node: Any) -> tf.Tensor:
     """The host value of a leaf node (data, variable, baked constant or scalar)."""
     if node.op == "data":
         return resolve(node.value)
+    if node.op == "var" and type(node.value) is ops.EagerTensor and \
+            context.executing_eagerly():
+        # A device variable's host resource, read on the host without a device scope
+        # (a value read at every step: ``steps.numpy()``, ``float(v)``).
+        wait()  # an update may be in flight
+        ctx = context.context()
+        return pywrap_tfe.TFE_Py_Execute(ctx._handle, HOST, "ReadVariableOp", [node.value],
+                                         ("dtype", node.dtype.as_datatype_enum), 1)[0]
     with on_host():
         if node.op == "var":
             wait()  # an update may be in flight
