@@ -237,6 +237,36 @@ def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monke
     assert eager[1] == [3, 3, 3] and lz[1] == [0, 0, 0]   # no update through TF's wrappers
 
 
+def test_a_variable_numpy_reads_its_value_after_pending_updates_as_eager_does():
+    """``v.numpy()`` reads the host resource directly (no op recorded on the device): the value
+    after the updates pending or in flight, and the tape told of the read as eagerly."""
+    def run(on_device):
+        v = tf.Variable([1.0, 2.0])
+        steps = tf.Variable(0, dtype=tf.int64)
+        out, watched = [], []
+        for k in range(3):
+            v.assign_add(tf.constant([0.5, -1.0]) * float(k + 1))
+            out.append(v.numpy())                         # a pending update: computed first
+            steps.assign_add(1)
+            if on_device:
+                before = lazy.metrics().get("ops_recorded", 0)
+                lazy.mark_step(wait=False)                # an update in flight
+                out.append(steps.numpy())
+                assert lazy.metrics().get("ops_recorded", 0) == before
+            else:
+                out.append(steps.numpy())
+            with tf.GradientTape() as tape:
+                out.append(np.array(v.numpy()))
+            watched.append([w.name for w in tape.watched_variables()])
+        return out, watched
+
+    eager, lz, _ = eager_then_lazy(run)
+    for a, e in zip(lz[0], eager[0]):
+        assert np.asarray(a).dtype == np.asarray(e).dtype
+        np.testing.assert_array_equal(a, e)
+    assert lz[1] == eager[1]
+
+
 def test_numbers_become_parameters_not_constants():
     """Each step's new learning rate is a parameter of the same compiled program."""
     with lazy.device():

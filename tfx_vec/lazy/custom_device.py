@@ -102,7 +102,7 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         _keep_unread_variables()
-        operators.install(_record_operator, _read_operand, _update_variable)
+        operators.install(_record_operator, _read_operand, _update_variable, _variable_value)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
@@ -785,6 +785,21 @@ def _read_operand(v: Any, watchers: Callable[[], int]) -> tf.Tensor | None:
         _record_gradient("ReadVariableOp", [v._handle], ("dtype", state.dtype.as_datatype_enum),
                          out)
     return out
+
+
+def _variable_value(v: Any) -> tf.Tensor | None:
+    """What ``v.numpy()`` reads of a device variable, eagerly and with no op callback: its
+    current value on the host (pending updates computed first), told to the tape as
+    TensorFlow's read tells it, without recording a read on the device; None otherwise
+    (TensorFlow's path)."""
+    state = _variable_state(v)
+    if state is None or v._cached_value is not None or \
+            getattr(v, "_caching_device", None) is not None or \
+            not context.executing_eagerly() or context.context().op_callbacks:
+        return None
+    resource_variable_ops.variable_accessed(v)
+    return runtime.read_host(state.flush(f"variable {state.name!r} read off the lazy device"),
+                             state.dtype)
 
 
 def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], int]) -> bool:

@@ -19,7 +19,9 @@ callback to observe it, and TensorFlow's default dtype conversion.  A gradient t
 forward accumulator that is recording gets the op (or the read) as TensorFlow's fast path
 gives it one (``TFE_Py_RecordGradient``, with the op's inputs, attrs and outputs); updates
 under one take TensorFlow's path.  Everything else, and every pair of tensors neither of
-which is on the device, goes through TensorFlow's own operator, looked up when called.
+which is on the device, goes through TensorFlow's own operator, looked up when called.  A
+device variable's ``numpy()`` reads its host resource at once (after its pending updates),
+instead of recording a read and an ``Identity`` on the device and forcing them.
 
 Example:
     >>> import tensorflow as tf
@@ -63,6 +65,7 @@ Watchers = Callable[[], int]
 Record = Callable[[str, Any, Any, bool, Watchers], Any]
 Read = Callable[[Any, Watchers], Any]
 Update = Callable[[str, Any, Any, Watchers], bool]
+Value = Callable[[Any], Any]
 
 # A resource variable's update method -> its op
 UPDATES = {"assign": "AssignVariableOp", "assign_add": "AssignAddVariableOp",
@@ -70,14 +73,15 @@ UPDATES = {"assign": "AssignVariableOp", "assign_add": "AssignAddVariableOp",
 _installed = [False]
 
 
-def install(record: Record, read: Read, update: Update) -> None:
+def install(record: Record, read: Read, update: Update, value: Value) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
     eager tensor, other operand, swapped, watchers)`` first: its result, or TensorFlow's
     operator when it returns None (idempotent).  ``record`` calls ``watchers()`` once it knows
     an operand is its own (tensors elsewhere do not pay for the check).  A variable operand is
     read by ``read(variable, watchers)``, or by ``variable.value()`` where that returns None.
     A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor try
-    ``update(op type, variable, tensor, watchers)`` first (False: TensorFlow's method)."""
+    ``update(op type, variable, tensor, watchers)`` first (False: TensorFlow's method), and
+    its ``numpy()`` is ``value(variable).numpy()`` where that is not None."""
     if _installed[0]:
         return
     _installed[0] = True
@@ -90,6 +94,8 @@ def install(record: Record, read: Read, update: Update) -> None:
         for name, op_type in UPDATES.items():
             if name in vars(cls):     # TensorFlow wraps ResourceVariable's own for weak types
                 setattr(cls, name, _variable_update(vars(cls)[name], op_type, update))
+    base = resource_variable_ops.BaseResourceVariable
+    base.numpy = _variable_numpy(base.numpy, value)
 
 
 def _watchers() -> int:
@@ -126,6 +132,15 @@ def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
         return on_tensor(v.value() if value is None else value, y)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
+
+
+def _variable_numpy(original: Callable, value: Value) -> Callable:
+    def numpy(self):
+        got = value(self)
+        return original(self) if got is None else got.numpy()
+    numpy.__doc__ = original.__doc__
+    numpy.__wrapped__ = original
+    return numpy
 
 
 def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:

@@ -481,6 +481,16 @@ def fallback(name: str, api: Any, args: tuple, kwargs: dict, reason: str = "") -
             x, tf.__internal__.SymbolicTensor) else x, out)
 
 
+def read_host(handle: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """The value of the variable whose host resource is ``handle``, read eagerly with one op
+    call and no device scope to enter (a value read at every step: ``steps.numpy()``),
+    after the update in flight, if any."""
+    wait()
+    ctx = context.context()
+    return pywrap_tfe.TFE_Py_Execute(ctx._handle, HOST, "ReadVariableOp", [handle],
+                                     ("dtype", dtype.as_datatype_enum), 1)[0]
+
+
 def _eager(t: Any) -> tf.Tensor:
     """The materialized value of a lazy tensor that is not pending."""
     return _eager_value(t._node)
@@ -492,12 +502,7 @@ def _eager_value(node: Any) -> tf.Tensor:
         return resolve(node.value)
     if node.op == "var" and type(node.value) is ops.EagerTensor and \
             context.executing_eagerly():
-        # A device variable's host resource, read on the host without a device scope
-        # (a value read at every step: ``steps.numpy()``, ``float(v)``).
-        wait()  # an update may be in flight
-        ctx = context.context()
-        return pywrap_tfe.TFE_Py_Execute(ctx._handle, HOST, "ReadVariableOp", [node.value],
-                                         ("dtype", node.dtype.as_datatype_enum), 1)[0]
+        return read_host(node.value, node.dtype)
     with on_host():
         if node.op == "var":
             wait()  # an update may be in flight
