@@ -267,6 +267,49 @@ def test_a_variable_numpy_reads_its_value_after_pending_updates_as_eager_does():
     assert lz[1] == eager[1]
 
 
+def test_a_scalar_variable_updated_by_numbers_gives_the_eager_values_as_parameters(
+        monkeypatch):
+    """``steps.assign_add(1)`` on a scalar device variable is substituted directly (a
+    parameter, one program for every value); numbers TensorFlow would convert otherwise, or
+    refuse, and non-scalar variables take TensorFlow's path with its results and errors."""
+    from tensorflow.python.ops import gen_resource_variable_ops as gen
+    calls = []
+    original = gen.assign_add_variable_op
+    monkeypatch.setattr(gen, "assign_add_variable_op",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def run(on_device):
+        steps = tf.Variable(0, dtype=tf.int64)
+        count = tf.Variable(3, dtype=tf.int32)
+        lr = tf.Variable(0.5)
+        vec = tf.Variable([1.0, 2.0])
+        out = []
+        for k in range(4):
+            steps.assign_add(1)
+            count.assign_sub(np.int32(k))
+            lr.assign(lr * 0.5 + k)
+            lr.assign_add(np.float64(0.25) * k)
+            out.append(steps + 0)
+            vec.assign_add([0.5, 1.0])                    # not a scalar: TensorFlow's path
+            if on_device:
+                lazy.mark_step()
+        with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+            steps.assign_add(1.5)
+        big = tf.Variable(0.0)
+        big.assign(2 ** 60 + 1)
+        return [o.numpy() for o in out] + [v.numpy() for v in (steps, count, lr, vec, big)]
+
+    eager = run(False)
+    through_tf = len(calls)
+    _, lz, metrics = eager_then_lazy(run)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=1e-6)
+    assert metrics["compiles"] <= 3, metrics
+    # eagerly steps, lr and vec each step; lazily only vec (eager_then_lazy runs eagerly too)
+    assert through_tf == 12 and len(calls) - 2 * through_tf == 4
+
+
 def test_numbers_become_parameters_not_constants():
     """Each step's new learning rate is a parameter of the same compiled program."""
     with lazy.device():

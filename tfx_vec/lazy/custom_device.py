@@ -804,16 +804,50 @@ def _variable_value(v: Any) -> tf.Tensor | None:
 
 def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], int]) -> bool:
     """``v.assign(value)`` (``op_type``: its op, or the ``_add``/``_sub`` one's) of a device
-    variable and a device tensor of its shape and dtype, substituted as :func:`_assign` does
-    but without TensorFlow's op wrappers, when nothing else watches it (``watchers``); False
-    when not done (TensorFlow's path)."""
+    variable and a device tensor of its shape and dtype, or of a number when the variable is a
+    scalar (a step counter's ``assign_add(1)``), substituted as :func:`_assign` does but
+    without TensorFlow's op wrappers, when nothing else watches it (``watchers``); False when
+    not done (TensorFlow's path)."""
     state = _variable_state(v)
-    t = payload_of(value)
-    if state is None or type(t) is not LazyTensor or t._node.sig != state._read.sig or \
-            watchers() != operators.FREE or _reaching_device() is None:
+    if state is None:
         return False
-    _update(state, op_type, t._node)
+    if type(value) is ops.EagerTensor:
+        t = payload_of(value)
+        if type(t) is not LazyTensor or t._node.sig != state._read.sig:
+            return False
+        node = t._node
+    else:
+        node = _number_node(value, state)
+        if node is None:
+            return False
+    if watchers() != operators.FREE or _reaching_device() is None:
+        return False
+    _update(state, op_type, node)
     return True
+
+
+_INT_RANGES = {tf.int32.as_datatype_enum: (-2 ** 31, 2 ** 31 - 1),
+               tf.int64.as_datatype_enum: (-2 ** 63, 2 ** 63 - 1)}
+
+
+def _number_node(value: Any, state: DeviceVariable) -> Node | None:
+    """The node of a Python or NumPy number assigned to scalar variable ``state``, as
+    TensorFlow would convert it (a parameter, never a constant); None where TensorFlow's
+    conversion differs or fails (a float for an integer variable, an integer a double cannot
+    hold, other dtypes)."""
+    if state.shape != ():
+        return None
+    enum = state._read.sig[1]
+    if enum in _OPERATOR_ENUMS:
+        number = float(value)
+        if not isinstance(value, (float, np.floating)) and number != int(value):
+            return None
+        return Node("scalar", (), (), (), state.dtype, number, None, ((), enum))
+    bounds = _INT_RANGES.get(enum)
+    if bounds is None or not isinstance(value, (int, np.integer)) or \
+            not bounds[0] <= int(value) <= bounds[1]:
+        return None
+    return _node_of(_host_constant(np.array(int(value), state.dtype.as_numpy_dtype)))
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:

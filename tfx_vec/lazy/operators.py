@@ -11,17 +11,18 @@ a forward pass written with them under a ``tf.GradientTape``.
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
 ``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
 operand is read by the device too, and its ``assign``, ``assign_add`` and ``assign_sub`` of a
-device tensor are offered likewise), which records it directly where that is the same as
-TensorFlow's path: one operand on the device and the other on the device, a host tensor of
-the same dtype or a Python or NumPy number, float32 or float64, the op already recorded once
-on operands of the same signatures, eager execution under the device's scope or none, no op
-callback to observe it, and TensorFlow's default dtype conversion.  A gradient tape or
-forward accumulator that is recording gets the op (or the read) as TensorFlow's fast path
-gives it one (``TFE_Py_RecordGradient``, with the op's inputs, attrs and outputs); updates
-under one take TensorFlow's path.  Everything else, and every pair of tensors neither of
-which is on the device, goes through TensorFlow's own operator, looked up when called.  A
-device variable's ``numpy()`` reads its host resource at once (after its pending updates),
-instead of recording a read and an ``Identity`` on the device and forcing them.
+device tensor, or of a number for a scalar variable, are offered likewise), which records it
+directly where that is the same as TensorFlow's path: one operand on the device and the
+other on the device, a host tensor of the same dtype or a Python or NumPy number, float32 or
+float64, the op already recorded once on operands of the same signatures, eager execution
+under the device's scope or none, no op callback to observe it, and TensorFlow's default
+dtype conversion.  A gradient tape or forward accumulator that is recording gets the op (or
+the read) as TensorFlow's fast path gives it one (``TFE_Py_RecordGradient``, with the op's
+inputs, attrs and outputs); updates under one take TensorFlow's path.  Everything else, and
+every pair of tensors neither of which is on the device, goes through TensorFlow's own
+operator, looked up when called.  A device variable's ``numpy()`` reads its host resource at
+once (after its pending updates), instead of recording a read and an ``Identity`` on the
+device and forcing them.
 
 Example:
     >>> import tensorflow as tf
@@ -79,8 +80,8 @@ def install(record: Record, read: Read, update: Update, value: Value) -> None:
     operator when it returns None (idempotent).  ``record`` calls ``watchers()`` once it knows
     an operand is its own (tensors elsewhere do not pay for the check).  A variable operand is
     read by ``read(variable, watchers)``, or by ``variable.value()`` where that returns None.
-    A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor try
-    ``update(op type, variable, tensor, watchers)`` first (False: TensorFlow's method), and
+    A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor or a number
+    try ``update(op type, variable, value, watchers)`` first (False: TensorFlow's method), and
     its ``numpy()`` is ``value(variable).numpy()`` where that is not None."""
     if _installed[0]:
         return
@@ -145,7 +146,8 @@ def _variable_numpy(original: Callable, value: Value) -> Callable:
 
 def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:
     def method(self, value, use_locking=None, name=None, read_value=True):
-        if type(value) is ops.EagerTensor and update(op_type, self, value, _watchers):
+        if (type(value) is ops.EagerTensor or type(value) in NUMBERS) and \
+                update(op_type, self, value, _watchers):
             # What TensorFlow's method returns eagerly: the variable to be read, or None.
             return self._lazy_read(None) if read_value else None
         return original(self, value, use_locking, name, read_value)
