@@ -102,7 +102,8 @@ def _register() -> None:
         context.context().register_custom_device(dev, DEVICE_NAME, info)
         tape_capture.install()
         _keep_unread_variables()
-        operators.install(_record_operator, _read_operand, _update_variable, _variable_value)
+        operators.install(_record_operator, _record_unary, _read_operand, _update_variable,
+                          _variable_value)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         _registered[0] = True
@@ -474,17 +475,19 @@ class _Recipe:
     """What recording an op makes for inputs of given signatures: its node attrs and output
     signatures, found once (``raw.describe``, ``raw.infer``) and kept per ``(op type, attrs,
     input signatures)``.  ``direct``: :func:`_execute` may use it before describing the op (a
-    recorded op with no compile-time constant inputs, never folded)."""
+    recorded op with no compile-time constant inputs, never folded); ``on_floats``: so may the
+    operators, whose inputs are floats (then a comparison is never folded either)."""
 
-    __slots__ = ("attrs", "flat", "single", "direct")
+    __slots__ = ("attrs", "flat", "single", "direct", "on_floats")
 
     def __init__(self, op: raw.RawOp, spec: Any):
         self.attrs = (op.type, op.attrs)
         self.flat = tuple([(shape, dtype, (shape, dtype.as_datatype_enum))
                            for shape, dtype in spec.flat])
         self.single = self.flat[0] if len(self.flat) == 1 else None
-        self.direct = op.kind == "record" and not op.constant and not op.foldable and \
-            op.type not in _SPECIAL
+        # on float inputs an op is never folded (folding takes small integers and bools)
+        self.on_floats = op.kind == "record" and not op.constant and op.type not in _SPECIAL
+        self.direct = self.on_floats and not op.foldable
 
     def nodes(self, inputs: tuple) -> list:
         """The op's output nodes on ``inputs`` (nodes), recorded."""
@@ -714,13 +717,11 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
         if type(t) is not LazyTensor:
             return None
         x, y, swapped = y, x, not swapped
-    a = t._node
+    operand = _float_operand(t, watchers)
+    if operand is None:
+        return None
+    a, seen = operand
     enum = a.sig[1]
-    if enum not in _OPERATOR_ENUMS:
-        return None
-    seen = watchers()
-    if seen == operators.BLOCKED:
-        return None
     host = None
     if type(y) is ops.EagerTensor:
         u = payload_of(y)
@@ -740,21 +741,61 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
             return None     # an integer a double cannot hold would be rounded twice
         b_sig = ((), enum)
     a_sig = _recipe_sig(a)
-    recipe = _recipes.get((op_type, _t_attrs(a.dtype), b_sig, a_sig) if swapped else
-                          (op_type, _t_attrs(a.dtype), a_sig, b_sig))
-    ctx = _reaching_device()
-    if recipe is None or not recipe.direct or ctx is None:
+    found = _direct_recipe((op_type, _t_attrs(a.dtype), b_sig, a_sig) if swapped else
+                           (op_type, _t_attrs(a.dtype), a_sig, b_sig))
+    if found is None:
         return None
     if host is not None:
         b = _node_of(host, b_sig)
     elif type(y) is not ops.EagerTensor:   # a number: a scalar parameter, as its host tensor
         b = Node("scalar", (), (), (), a.dtype, number, None, b_sig)
-    (spec,) = recipe.specs((b, a) if swapped else (a, b))
+
+    def tape_inputs() -> list:
+        other = y if type(y) is ops.EagerTensor else make_tensor(LazyTensor(b))
+        return [other, x] if swapped else [x, other]
+    return _emit(found, op_type, (b, a) if swapped else (a, b), seen, tape_inputs)
+
+
+def _record_unary(op_type: str, x: Any, watchers: Callable[[], int]) -> tf.Tensor | None:
+    """``-x`` (``op_type``: its op) recorded directly, as :func:`_record_operator` records a
+    binary operator; None where that does not apply (TensorFlow's path)."""
+    operand = _float_operand(payload_of(x), watchers)
+    if operand is None:
+        return None
+    a, seen = operand
+    found = _direct_recipe((op_type, _t_attrs(a.dtype), _recipe_sig(a)))
+    return None if found is None else _emit(found, op_type, (a,), seen, lambda: [x])
+
+
+def _float_operand(t: Any, watchers: Callable[[], int]) -> tuple | None:
+    """(node, ``watchers()``) of an operator's operand whose payload is ``t`` when it is a
+    float lazy tensor and nothing but gradient tapes watches; else None."""
+    if type(t) is not LazyTensor or t._node.sig[1] not in _OPERATOR_ENUMS:
+        return None
+    seen = watchers()
+    return None if seen == operators.BLOCKED else (t._node, seen)
+
+
+def _direct_recipe(key: tuple) -> tuple | None:
+    """(recipe, eager context) of the op keyed ``key``, on float inputs, when it can be
+    recorded directly now: recorded before on inputs of these signatures, with no constant
+    input, reaching the device; else None."""
+    recipe = _recipes.get(key)
+    if recipe is None or not recipe.on_floats:
+        return None
+    ctx = _reaching_device()
+    return None if ctx is None else (recipe, ctx)
+
+
+def _emit(found: tuple, op_type: str, nodes: tuple, seen: int,
+          tape_inputs: Callable[[], list]) -> tf.Tensor:
+    """The device tensor of an operator's op recorded on float ``nodes`` with ``found`` (see
+    :func:`_direct_recipe`), given to recording tapes with ``tape_inputs()`` as its inputs."""
+    recipe, ctx = found
+    (spec,) = recipe.specs(nodes)
     out = _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
     if seen == operators.TAPED:
-        if type(y) is not ops.EagerTensor:
-            y = _native[0].make_tensor(ctx._handle, DEVICE_NAME, _spec(LazyTensor(b)))
-        _record_gradient(op_type, [y, x] if swapped else [x, y], _T_ATTRS[enum], out)
+        _record_gradient(op_type, tape_inputs(), _T_ATTRS[nodes[0].sig[1]], out)
     return out
 
 

@@ -1,5 +1,5 @@
-"""Python's arithmetic operators and variable updates on the lazy device, recorded without
-TensorFlow's op wrappers.
+"""Python's arithmetic and comparison operators and variable updates on the lazy device,
+recorded without TensorFlow's op wrappers.
 
 ``m * 0.9``, ``g + h`` or ``v / c`` on a tensor of the lazy device runs TensorFlow's Python
 operator machinery (a name scope, dtype promotion, the Python number converted to a host
@@ -9,12 +9,13 @@ by op, such as the Adam of TensorFlow's core tutorials, is mostly such operators
 a forward pass written with them under a ``tf.GradientTape``.
 
 :func:`install` gives ``tf.Tensor``'s eager tensors and resource variables operators
-``+ - * / **`` that first offer the operation to the device (``record``; a device variable's
-operand is read by the device too, and its ``assign``, ``assign_add`` and ``assign_sub`` of a
-device tensor, or of a number for a scalar variable, are offered likewise), which records it
-directly where that is the same as TensorFlow's path: one operand on the device and the
-other on the device, a host tensor of the same dtype or a Python or NumPy number, float32 or
-float64, the op already recorded once on operands of the same signatures, eager execution
+``+ - * / **``, ``< <= > >=`` and unary ``-`` that first offer the operation to the device
+(``record``; a device variable's operand is read by the device too, and its ``assign``,
+``assign_add`` and ``assign_sub`` of a device tensor, or of a number for a scalar variable,
+are offered likewise), which records it directly where that is the same as TensorFlow's
+path: one operand on the device and the other on the device, a host tensor of the same dtype
+or a Python or NumPy number, float32 or float64 operands, the op already recorded once on
+operands of the same signatures, eager execution
 under the device's scope or none, no op callback to observe it, and TensorFlow's default
 dtype conversion.  A gradient tape or forward accumulator that is recording gets the op (or
 the read) as TensorFlow's fast path gives it one (``TFE_Py_RecordGradient``, with the op's
@@ -43,7 +44,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops, tensor as tensor_lib
 from tensorflow.python.ops import resource_variable_ops
 
-__all__ = ["install", "OPERATORS", "NUMBERS", "UPDATES", "FREE", "TAPED", "BLOCKED"]
+__all__ = ["install", "OPERATORS", "UNARY", "NUMBERS", "UPDATES", "FREE", "TAPED", "BLOCKED"]
 
 # Python operator -> (TensorFlow op, operands swapped: ``2.0 * x`` is Mul(2.0, x))
 OPERATORS = {
@@ -52,7 +53,11 @@ OPERATORS = {
     "__mul__": ("Mul", False), "__rmul__": ("Mul", True),
     "__truediv__": ("RealDiv", False), "__rtruediv__": ("RealDiv", True),
     "__pow__": ("Pow", False), "__rpow__": ("Pow", True),
+    # ``2.0 < x`` is Python's ``x.__gt__(2.0)``: comparisons have no swapped forms
+    "__gt__": ("Greater", False), "__ge__": ("GreaterEqual", False),
+    "__lt__": ("Less", False), "__le__": ("LessEqual", False),
 }
+UNARY = {"__neg__": "Neg"}
 
 # The numbers TensorFlow converts to the tensor's dtype by value (bool is not one of them)
 NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
@@ -64,6 +69,7 @@ NUMBERS = frozenset({float, int, np.float16, np.float32, np.float64, np.int8, np
 FREE, TAPED, BLOCKED = 0, 1, 2
 Watchers = Callable[[], int]
 Record = Callable[[str, Any, Any, bool, Watchers], Any]
+RecordUnary = Callable[[str, Any, Watchers], Any]
 Read = Callable[[Any, Watchers], Any]
 Update = Callable[[str, Any, Any, Watchers], bool]
 Value = Callable[[Any], Any]
@@ -74,10 +80,12 @@ UPDATES = {"assign": "AssignVariableOp", "assign_add": "AssignAddVariableOp",
 _installed = [False]
 
 
-def install(record: Record, read: Read, update: Update, value: Value) -> None:
+def install(record: Record, record_unary: RecordUnary, read: Read, update: Update,
+            value: Value) -> None:
     """Route the operators of eager tensors and resource variables through ``record(op type,
     eager tensor, other operand, swapped, watchers)`` first: its result, or TensorFlow's
-    operator when it returns None (idempotent).  ``record`` calls ``watchers()`` once it knows
+    operator when it returns None (idempotent); unary ``-`` likewise through
+    ``record_unary(op type, eager tensor, watchers)``.  ``record`` calls ``watchers()`` once it knows
     an operand is its own (tensors elsewhere do not pay for the check).  A variable operand is
     read by ``read(variable, watchers)``, or by ``variable.value()`` where that returns None.
     A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor or a number
@@ -91,6 +99,11 @@ def install(record: Record, read: Read, update: Update, value: Value) -> None:
         setattr(ops.EagerTensor, name, on_tensor)
         setattr(resource_variable_ops.BaseResourceVariable, name,
                 _variable_operator(on_tensor, read))
+    for name, op_type in UNARY.items():
+        on_tensor = _unary_operator(name, op_type, record_unary)
+        setattr(ops.EagerTensor, name, on_tensor)
+        setattr(resource_variable_ops.BaseResourceVariable, name,
+                _variable_unary(on_tensor, read))
     for cls in (resource_variable_ops.BaseResourceVariable, resource_variable_ops.ResourceVariable):
         for name, op_type in UPDATES.items():
             if name in vars(cls):     # TensorFlow wraps ResourceVariable's own for weak types
@@ -131,6 +144,22 @@ def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
     def operator(v, y):
         value = read(v, _watchers)
         return on_tensor(v.value() if value is None else value, y)
+    operator.__name__ = operator.__qualname__ = on_tensor.__name__
+    return operator
+
+
+def _unary_operator(name: str, op_type: str, record_unary: RecordUnary) -> Callable:
+    def operator(x):
+        out = record_unary(op_type, x, _watchers)
+        return getattr(tensor_lib.Tensor, name)(x) if out is None else out
+    operator.__name__ = operator.__qualname__ = name
+    return operator
+
+
+def _variable_unary(on_tensor: Callable, read: Read) -> Callable:
+    def operator(v):
+        value = read(v, _watchers)
+        return on_tensor(v.value() if value is None else value)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
 
