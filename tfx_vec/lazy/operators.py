@@ -12,18 +12,17 @@ a forward pass written with them under a ``tf.GradientTape``.
 ``+ - * / **``, ``< <= > >=`` and unary ``-`` that first offer the operation to the device
 (``record``; a device variable's operand is read by the device too, and its ``assign``,
 ``assign_add`` and ``assign_sub`` of a device tensor, or of a number for a scalar variable,
-are offered likewise), which records it directly where that is the same as TensorFlow's
-path: one operand on the device and the other on the device, a host tensor of the same dtype
-or a Python or NumPy number, float32 or float64 operands, the op already recorded once on
-operands of the same signatures, eager execution
-under the device's scope or none, no op callback to observe it, and TensorFlow's default
-dtype conversion.  A gradient tape or forward accumulator that is recording gets the op (or
-the read) as TensorFlow's fast path gives it one (``TFE_Py_RecordGradient``, with the op's
-inputs, attrs and outputs); updates under one take TensorFlow's path.  Everything else, and
-every pair of tensors neither of which is on the device, goes through TensorFlow's own
-operator, looked up when called.  A device variable's ``numpy()`` reads its host resource at
-once (after its pending updates), instead of recording a read and an ``Identity`` on the
-device and forcing them.
+are offered likewise), which records it directly where that is the same as TensorFlow's path: a
+float32 or float64 operand on the device, the other on the device too, a host tensor of the
+same dtype or a Python or NumPy number, the op already recorded once on operands of the same
+signatures, eager execution under the device's scope or none, no op callback to observe it, and
+TensorFlow's default dtype conversion. A gradient tape or forward accumulator that is recording
+gets the op (or the read) as TensorFlow's fast path gives it one (``TFE_Py_RecordGradient``,
+with the op's inputs, attrs and outputs); updates under one take TensorFlow's path. Everything
+else, and every pair of tensors neither of which is on the device, goes through TensorFlow's
+own operator, looked up when called. A device variable's ``numpy()`` reads its host resource at
+once (after its pending updates), instead of recording a read and an ``Identity`` on the device
+and forcing them.
 
 Example:
     >>> import tensorflow as tf
@@ -85,12 +84,13 @@ def install(record: Record, record_unary: RecordUnary, read: Read, update: Updat
     """Route the operators of eager tensors and resource variables through ``record(op type,
     eager tensor, other operand, swapped, watchers)`` first: its result, or TensorFlow's
     operator when it returns None (idempotent); unary ``-`` likewise through
-    ``record_unary(op type, eager tensor, watchers)``.  ``record`` calls ``watchers()`` once it knows
-    an operand is its own (tensors elsewhere do not pay for the check).  A variable operand is
-    read by ``read(variable, watchers)``, or by ``variable.value()`` where that returns None.
-    A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager tensor or a number
-    try ``update(op type, variable, value, watchers)`` first (False: TensorFlow's method), and
-    its ``numpy()`` is ``value(variable).numpy()`` where that is not None."""
+    ``record_unary(op type, eager tensor, watchers)``.  ``record`` calls ``watchers()`` once
+    it knows an operand is its own (tensors elsewhere do not pay for the check).  A variable
+    operand is read by ``read(variable, watchers)``, or by ``variable.value()`` where that
+    returns None. A variable's ``assign``, ``assign_add`` and ``assign_sub`` of an eager
+    tensor or a number try ``update(op type, variable, value, watchers)`` first (False:
+    TensorFlow's method), and its ``numpy()`` is ``value(variable).numpy()`` where that is
+    not None."""
     if _installed[0]:
         return
     _installed[0] = True
