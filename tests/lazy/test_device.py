@@ -475,6 +475,55 @@ def test_a_variable_source_never_read_gets_zeros_of_its_shape():
     assert metrics["tape_recorded"] == 2
 
 
+def test_no_gradient_flows_through_integers_as_in_eager():
+    """A path through an integer cast carries no gradient: ``None`` (or zeros when asked),
+    whether the gradient is recorded as one node or not."""
+    def run(on_device):
+        w, x = tf.Variable([1.5, 2.5]), tf.constant([1.0, 2.0]) * 1.0
+        out = []
+        for _ in range(2):
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                rounded = tf.reduce_sum(tf.cast(tf.cast(w * x, tf.int32), tf.float32))
+                loss = rounded + tf.reduce_sum(w * x * x)
+            out += tape.gradient(loss, [w, x])
+            out += tape.gradient(rounded, [w, x])
+            out += tape.gradient(rounded, [w, x], unconnected_gradients="zero")
+            if on_device:
+                lazy.mark_step()
+        return [None if g is None else g.numpy() for g in out]
+    eager, lz, metrics = eager_then_lazy(run)
+    for a, e in zip(lz, eager):
+        assert (a is None) == (e is None)
+        if e is not None:
+            _close(a, e)
+    assert metrics["tape_recorded"] >= 4
+
+
+def test_a_pending_recorded_gradient_inside_a_forward_accumulator_is_a_clear_error():
+    """A forward accumulator computes each op's derivative as a tf.function call, which reads
+    its inputs: a recorded gradient still pending then is a clear error (traced there it would
+    come back zero), the pending work stays intact, and read first it is exact."""
+    with lazy.device():
+        a, b = tf.Variable([1.0, 2.0]), tf.constant([3.0, 4.0]) * 1.0
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(b)
+            loss = tf.reduce_sum(a * b)
+        g = tape.gradient(loss, a)
+        with pytest.raises(Exception, match="ForwardAccumulator.*mark_step"):
+            with tf.autodiff.ForwardAccumulator(b, tf.ones_like(b)):
+                _ = b * b
+        assert g.numpy().tolist() == [3.0, 4.0]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(a * b * b)
+        g = tape.gradient(loss, a)
+        first = g.numpy()
+        with tf.autodiff.ForwardAccumulator(b, tf.ones_like(b)) as acc:
+            f = b * b * a
+        assert first.tolist() == [9.0, 16.0]
+        assert acc.jvp(f).numpy().tolist() == [6.0, 16.0]
+
+
 def _gradient_surface(w0, x0):
     """What ``tape.gradient`` returns and how the tape behaves afterwards, for the plain calls
     (list and tuple sources, variables and watched tensors, persistent or not)."""

@@ -106,6 +106,7 @@ def _register() -> None:
                           _variable_value)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
+        runtime.BARRIER_CHECKS.append(tape_capture.check_barrier)
         _registered[0] = True
 
 

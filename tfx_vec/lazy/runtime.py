@@ -66,6 +66,7 @@ _compiled_total = [0]
 _recorded = [0]                               # nodes recorded since the last barrier
 _tapes: "weakref.WeakSet" = weakref.WeakSet()  # lazy.GradientTapes that may still differentiate
 BARRIER_HOOKS: list = []      # called by every barrier that computes something
+BARRIER_CHECKS: list = []     # called first by every barrier (may raise: nothing changed yet)
 
 
 _KEEP: Any = object()   # "leave this setting as it is" (None is a value for max_graphs)
@@ -269,6 +270,8 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
 
 
 def _barrier(cause: str, wait_for_results: bool) -> None:
+    for check in BARRIER_CHECKS:
+        check()
     wait()  # the running program's outputs and variable updates are this one's inputs
     live = []
     for ref in _live:

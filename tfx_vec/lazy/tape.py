@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.framework import dtypes
 
 from . import runtime
 from .errors import LazyGradientError
@@ -184,8 +185,20 @@ def _pack(nest: Any, flat: list) -> Any:
     return type(nest)(flat) if _flat_sequence(nest) else tf.nest.pack_sequence_as(nest, flat)
 
 
+# What a gradient flows through: floating and complex tensors (and a multi-output op, whose
+# outputs have their own dtypes); TensorFlow's tape records no op by an integer input.
+_DIFFERENTIABLE = frozenset(d for d in dtypes._INTERN_TABLE.values()
+                            if d.is_floating or d.is_complex)
+
+
+def differentiable(n: Node) -> bool:
+    """Whether a gradient can flow through node ``n``'s value (TensorFlow's tape rule)."""
+    return n.dtype is None or n.dtype in _DIFFERENTIABLE
+
+
 def _ancestors(root: Node, start: int, end: int) -> set:
-    """Nodes the tape connects to ``root``: paths only go through ops recorded in its window."""
+    """Nodes the tape connects to ``root``: paths only go through ops recorded in its window,
+    along floating or complex values (a gradient never flows through an integer)."""
     seen = {root}
     stack = [root]
     while stack:
@@ -193,7 +206,7 @@ def _ancestors(root: Node, start: int, end: int) -> set:
         if node.op in ir.LEAF_OPS or not start <= node.serial < end:
             continue
         for x in node.inputs:
-            if x not in seen:
+            if x not in seen and differentiable(x):
                 seen.add(x)
                 stack.append(x)
     return seen

@@ -26,8 +26,11 @@ the device (recorded op by op, correct, slower), counted as ``tape_eager::<reaso
 
 Sources follow TensorFlow's rules: a variable counts when the tape watched it (trainable and
 read inside the window, or ``watch``-ed), a tensor when it was watched or computed inside the
-window from something watched; others get ``None`` (or zeros with
-``unconnected_gradients=ZERO``).
+window from something watched, and a gradient flows along floating and complex values only
+(never through an integer cast); others get ``None`` (or zeros with
+``unconnected_gradients=ZERO``).  A recorded gradient still pending when a forward
+accumulator computes an op's derivative (a ``tf.function`` call that reads its inputs) is a
+:class:`LazyGradientError` (:func:`check_barrier`): traced there, its replay came back zero.
 
 Example:
     >>> import tensorflow as tf
@@ -44,10 +47,13 @@ Example:
 from __future__ import annotations
 
 import collections
+import sys
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.eager import backprop as _backprop
+from tensorflow.python.eager import forwardprop as _forwardprop
 from tensorflow.python.eager import imperative_grad as _imperative_grad_module
 from tensorflow.python.eager import record as _record_module
 from tensorflow.python.eager import tape as _tape_module
@@ -57,11 +63,13 @@ from tensorflow.python.ops import resource_variable_ops as _rv
 
 from . import custom_device as _device   # (both import this module: names read at call time)
 from . import ir, metrics, runtime, units
+from .errors import LazyGradientError
 from .ir import LEAF_OPS, Node
-from .tape import _ancestors
+from .tape import _ancestors, differentiable
 from .tensor import LazyTensor
 
-__all__ = ["install", "TapeState", "taint_recording", "taint_live", "float_or_complex"]
+__all__ = ["install", "TapeState", "taint_recording", "taint_live", "float_or_complex",
+           "check_barrier"]
 
 _MAX_TAPES = 256
 _FLOAT_OR_COMPLEX = frozenset(e for e, d in _dtypes._INTERN_TABLE.items()
@@ -95,6 +103,7 @@ class TapeState:
 
 
 _states: "collections.OrderedDict[int, TapeState]" = collections.OrderedDict()
+_grads_pending = [0]   # gradients recorded as one node since the last barrier
 _untainted: dict[int, TapeState] = {}   # the states of _states no barrier tainted yet
 _recording: dict[int, TapeState] = {}
 _original: dict = {}
@@ -109,6 +118,7 @@ def taint_recording(reason: str) -> None:
 def taint_live(reason: str) -> None:
     """A barrier replaced recorded values by data: no tape alive now can replay.  (Each
     barrier calls it: it visits the tapes created since the last one, not all kept.)"""
+    _grads_pending[0] = 0
     for state in _untainted.values():
         state.tainted = state.tainted or reason
     _untainted.clear()
@@ -252,11 +262,11 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
     on_tape: dict = {}
 
     def taped(n: Node) -> bool:   # TensorFlow's rule: watched, or made in the window from it
-        hit = on_tape.get(n)
+        hit = on_tape.get(n)          # (by an input a gradient flows through)
         if hit is None:
             hit = n in watched or (
                 n.op not in LEAF_OPS and start <= n.serial < end and
-                any(taped(x) for x in n.inputs))
+                any(taped(x) and differentiable(x) for x in n.inputs))
             on_tape[n] = hit
         return hit
     zero = tf.UnconnectedGradients(unconnected_gradients) == tf.UnconnectedGradients.ZERO
@@ -265,6 +275,7 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
         if zero or (n in ancestors and (var_watched if var_watched is not None else taped(n))):
             picked.append(k)
     metrics.bump("tape_recorded")
+    _grads_pending[0] += 1
     results: list = [None] * len(sources)
     if picked:
         inputs = (target, *[nodes[k][0] for k in picked]) + ((og,) if og is not None else ())
@@ -274,6 +285,29 @@ def _record(plan: tuple, sources: list, unconnected_gradients: Any) -> list:
         for k, t in zip(picked, _device.make_tensors(outs)):
             results[k] = t
     return results
+
+
+_JVP = _forwardprop._jvp_dispatch.__code__   # where an accumulator computes an op's jvp
+
+
+def check_barrier() -> None:
+    """A clear error, before anything is computed, where a barrier holding a recorded gradient
+    would run inside a forward accumulator's computation of an op's derivative (TensorFlow runs
+    it as a ``tf.function`` call, which reads its inputs on the device): traced there, the
+    gradient's replay comes back zero."""
+    if not _grads_pending[0] or not _pywrap_tfe.TFE_Py_TapeSetIsStopped():
+        return
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code is _JVP:
+            raise LazyGradientError(
+                "a tf.GradientTape gradient recorded on the lazy device was still pending when "
+                "a tf.autodiff.ForwardAccumulator computed the derivative of an op, which "
+                "reads the op's inputs; computed there, the gradient would come back zero.  "
+                "Read the gradient or call lazy.mark_step() before the accumulator's block, "
+                "or let gradients run op by op with lazy.configure(record_calls=False) (at "
+                f"{runtime.user_frame()})")
+        f = f.f_back
 
 
 def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -> Any:
