@@ -375,7 +375,7 @@ def _program(steps, dtype, values, taped=False):
             with tf.GradientTape(persistent=True) if taped else contextlib.nullcontext() as tape:
                 for step in steps:
                     made += _step(step, vs, ts)
-            if taped:
+            if taped and made:
                 made += [tf.convert_to_tensor(g) for g in tape.gradient(
                     tf.add_n([tf.reduce_sum(m) for m in made]), vs,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO)]
@@ -416,8 +416,11 @@ def test_random_programs_of_operators_reads_and_updates_give_the_eager_values(
     values = np.random.default_rng(seed).uniform(0.5, 1.5, size=(6,) + shape)
     eager, lz, metrics = eager_then_lazy(_program(steps, dtype, values, taped))
     assert len(lz) == len(eager)
+    # XLA fuses and orders the arithmetic its own way: float32 rounding, amplified where a
+    # gradient sums terms that nearly cancel, is measured against the largest value
+    tol = 1e-4 if dtype == tf.float32 else 1e-9
     for a, e in zip(lz, eager):
         assert a.dtype == e.dtype
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, e, rtol=tol, atol=tol * max(1.0, np.abs(e).max()))
     assert not any(k.startswith("fallback") for k in metrics)
 # }}}
