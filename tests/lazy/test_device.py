@@ -475,9 +475,10 @@ def test_a_variable_source_never_read_gets_zeros_of_its_shape():
     assert metrics["tape_recorded"] == 2
 
 
-def test_no_gradient_flows_through_integers_as_in_eager():
-    """A path through an integer cast carries no gradient: ``None`` (or zeros when asked),
-    whether the gradient is recorded as one node or not."""
+def test_no_gradient_flows_through_integers_stop_gradient_or_floor_as_in_eager():
+    """A path through an integer cast, ``tf.stop_gradient`` or an op whose gradient is None
+    (``tf.floor``, ``tf.round``) carries no gradient: ``None`` (or zeros when asked), whether
+    the gradient is recorded as one node or not."""
     def run(on_device):
         w, x = tf.Variable([1.5, 2.5]), tf.constant([1.0, 2.0]) * 1.0
         out = []
@@ -485,10 +486,12 @@ def test_no_gradient_flows_through_integers_as_in_eager():
             with tf.GradientTape(persistent=True) as tape:
                 tape.watch(x)
                 rounded = tf.reduce_sum(tf.cast(tf.cast(w * x, tf.int32), tf.float32))
-                loss = rounded + tf.reduce_sum(w * x * x)
+                stopped = tf.reduce_sum(tf.stop_gradient(w) * tf.floor(x) + tf.round(w * x))
+                loss = rounded + stopped + tf.reduce_sum(w * tf.stop_gradient(x) * x)
             out += tape.gradient(loss, [w, x])
-            out += tape.gradient(rounded, [w, x])
-            out += tape.gradient(rounded, [w, x], unconnected_gradients="zero")
+            for part in (rounded, stopped):
+                out += tape.gradient(part, [w, x])
+                out += tape.gradient(part, [w, x], unconnected_gradients="zero")
             if on_device:
                 lazy.mark_step()
         return [None if g is None else g.numpy() for g in out]

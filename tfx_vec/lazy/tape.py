@@ -27,10 +27,11 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.framework import dtypes
+from tensorflow.python.framework import dtypes, ops
 
 from . import runtime
 from .errors import LazyGradientError
@@ -196,14 +197,34 @@ def differentiable(n: Node) -> bool:
     return n.dtype is None or n.dtype in _DIFFERENTIABLE
 
 
+# Ops whose registered gradient is None for every input (TensorFlow returns no gradient
+# through them, rather than zeros)
+_NONE_GRADIENTS = frozenset({"Floor", "Ceil", "Round", "Rint", "FloorDiv", "TruncateDiv",
+                             "ArgMax", "ArgMin"})
+
+
+@functools.lru_cache(maxsize=None)
+def _no_gradient(op_type: str) -> bool:
+    """Whether TensorFlow's gradient never reaches the inputs of an ``op_type`` op: registered
+    as not differentiable (``tf.stop_gradient``) or always None (``tf.floor``)."""
+    if op_type in _NONE_GRADIENTS:
+        return True
+    try:
+        return ops._gradient_registry.lookup(op_type) is None   # pylint: disable=protected-access
+    except LookupError:   # no gradient at all: TensorFlow raises, and so will the replay
+        return False
+
+
 def _ancestors(root: Node, start: int, end: int) -> set:
-    """Nodes the tape connects to ``root``: paths only go through ops recorded in its window,
-    along floating or complex values (a gradient never flows through an integer)."""
+    """Nodes the tape connects to ``root``: paths only go through ops recorded in its window
+    that pass a gradient on, along floating or complex values (a gradient never flows through
+    an integer, ``tf.stop_gradient`` or ``tf.floor``)."""
     seen = {root}
     stack = [root]
     while stack:
         node = stack.pop()
-        if node.op in ir.LEAF_OPS or not start <= node.serial < end:
+        if node.op in ir.LEAF_OPS or not start <= node.serial < end or \
+                (node.op == "raw" and _no_gradient(node.attrs[0])):
             continue
         for x in node.inputs:
             if x not in seen and differentiable(x):

@@ -26,8 +26,9 @@ the device (recorded op by op, correct, slower), counted as ``tape_eager::<reaso
 
 Sources follow TensorFlow's rules: a variable counts when the tape watched it (trainable and
 read inside the window, or ``watch``-ed), a tensor when it was watched or computed inside the
-window from something watched, and a gradient flows along floating and complex values only
-(never through an integer cast); others get ``None`` (or zeros with
+window from something watched, and a gradient flows along floating and complex values only,
+never through an integer cast, ``tf.stop_gradient`` or an op whose gradient TensorFlow
+leaves None (``tf.floor``, ``tf.round``); others get ``None`` (or zeros with
 ``unconnected_gradients=ZERO``).  A recorded gradient still pending when a forward
 accumulator computes an op's derivative (a ``tf.function`` call that reads its inputs) is a
 :class:`LazyGradientError` (:func:`check_barrier`): traced there, its replay came back zero.
