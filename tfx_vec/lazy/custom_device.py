@@ -737,9 +737,9 @@ def _record_operator(op_type: str, x: Any, y: Any, swapped: bool,
         if b_sig[1] != enum:
             return None
     else:
-        number = float(y)
-        if not isinstance(y, (float, np.floating)) and number != int(y):
-            return None     # an integer a double cannot hold would be rounded twice
+        number = _as_double(y)
+        if number is None:
+            return None
         b_sig = ((), enum)
     a_sig = _recipe_sig(a)
     found = _direct_recipe((op_type, _t_attrs(a.dtype), b_sig, a_sig) if swapped else
@@ -806,14 +806,23 @@ def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -
     pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, [out], ops.get_name_scope())
 
 
+def _readable_state(v: Any) -> DeviceVariable | None:
+    """The device state of variable ``v`` when TensorFlow would read it with a plain
+    ``ReadVariableOp`` (no cached value, no caching device); else None."""
+    state = _variable_state(v)
+    if state is None or v._cached_value is not None or \
+            getattr(v, "_caching_device", None) is not None:
+        return None
+    return state
+
+
 def _read_operand(v: Any, watchers: Callable[[], int]) -> tf.Tensor | None:
     """``v.value()`` of a device variable, an operand of a Python operator, read as
     :func:`_read_variable` reads it but without TensorFlow's op wrappers, when ``watchers``
     are none or gradient tapes (given the read as TensorFlow gives it); None otherwise
     (TensorFlow's path)."""
-    state = _variable_state(v)
-    if state is None or v._cached_value is not None or \
-            getattr(v, "_caching_device", None) is not None:
+    state = _readable_state(v)
+    if state is None:
         return None
     seen = watchers()
     if seen == operators.BLOCKED or _reaching_device() is None:
@@ -834,10 +843,8 @@ def _variable_value(v: Any) -> tf.Tensor | None:
     current value on the host (pending updates computed first), told to the tape as
     TensorFlow's read tells it, without recording a read on the device; None otherwise
     (TensorFlow's path)."""
-    state = _variable_state(v)
-    if state is None or v._cached_value is not None or \
-            getattr(v, "_caching_device", None) is not None or \
-            not context.executing_eagerly() or context.context().op_callbacks:
+    state = _readable_state(v)
+    if state is None or not context.executing_eagerly() or context.context().op_callbacks:
         return None
     resource_variable_ops.variable_accessed(v)
     return runtime.read_host(state.flush(f"variable {state.name!r} read off the lazy device"),
@@ -868,8 +875,7 @@ def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], in
     return True
 
 
-_INT_RANGES = {tf.int32.as_datatype_enum: (-2 ** 31, 2 ** 31 - 1),
-               tf.int64.as_datatype_enum: (-2 ** 63, 2 ** 63 - 1)}
+_INT_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
 
 
 def _number_node(value: Any, state: DeviceVariable) -> Node | None:
@@ -881,15 +887,24 @@ def _number_node(value: Any, state: DeviceVariable) -> Node | None:
         return None
     enum = state._read.sig[1]
     if enum in _OPERATOR_ENUMS:
-        number = float(value)
-        if not isinstance(value, (float, np.floating)) and number != int(value):
-            return None
-        return Node("scalar", (), (), (), state.dtype, number, None, ((), enum))
-    bounds = _INT_RANGES.get(enum)
-    if bounds is None or not isinstance(value, (int, np.integer)) or \
-            not bounds[0] <= int(value) <= bounds[1]:
+        number = _as_double(value)
+        return None if number is None else \
+            Node("scalar", (), (), (), state.dtype, number, None, ((), enum))
+    if enum not in _INT_ENUMS or not isinstance(value, (int, np.integer)):
+        return None
+    bounds = np.iinfo(state.dtype.as_numpy_dtype)
+    if not bounds.min <= int(value) <= bounds.max:
         return None
     return _node_of(_host_constant(np.array(int(value), state.dtype.as_numpy_dtype)))
+
+
+def _as_double(number: Any) -> float | None:
+    """A Python or NumPy number as the double a scalar parameter carries; None for an integer
+    a double cannot hold (it would be rounded twice on its way to the tensor's dtype)."""
+    value = float(number)
+    if not isinstance(number, (float, np.floating)) and value != int(number):
+        return None
+    return value
 
 
 def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:
