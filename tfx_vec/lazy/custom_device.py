@@ -55,7 +55,8 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, errors_impl, ops
 from tensorflow.python.ops import handle_data_util, resource_variable_ops
 
-from . import calls, ir, metrics, operators, raw, runtime, tape_capture, units
+from . import (api_functions, calls, ir, metrics, operators, raw, runtime, tape_capture,
+               units)
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
@@ -104,6 +105,7 @@ def _register() -> None:
         _keep_unread_variables()
         operators.install(_record_operator, _record_unary, _read_operand, _update_variable,
                           _variable_value)
+        api_functions.install(_record_function)
         runtime.BARRIER_HOOKS.append(lambda: tape_capture.taint_live("a value was read"))
         runtime.BARRIER_HOOKS.append(lambda: units.taint("a value was read"))
         runtime.BARRIER_CHECKS.append(tape_capture.check_barrier)
@@ -789,15 +791,104 @@ def _direct_recipe(key: tuple) -> tuple | None:
 
 
 def _emit(found: tuple, op_type: str, nodes: tuple, seen: int,
-          tape_inputs: Callable[[], list]) -> tf.Tensor:
-    """The device tensor of an operator's op recorded on float ``nodes`` with ``found`` (see
-    :func:`_direct_recipe`), given to recording tapes with ``tape_inputs()`` as its inputs."""
+          tape_inputs: Callable[[], list], attrs: tuple | None = None) -> tf.Tensor:
+    """The device tensor of an operator's (or API function's) op recorded on float ``nodes``
+    with ``found`` (see :func:`_direct_recipe`), given to recording tapes with
+    ``tape_inputs()`` as its inputs and ``attrs`` (default: the operators' ``T``) as its
+    attrs."""
     recipe, ctx = found
     (spec,) = recipe.specs(nodes)
     out = _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
     if seen == operators.TAPED:
-        _record_gradient(op_type, tape_inputs(), _T_ATTRS[nodes[0].sig[1]], out)
+        _record_gradient(op_type, tape_inputs(),
+                         _T_ATTRS[nodes[0].sig[1]] if attrs is None else attrs, out)
     return out
+
+
+# (function, its tensor's signature, the other arguments) -> (recipe, constant input nodes,
+# the tape's inputs after the tensor, the tape's attrs): what a TensorFlow API function of
+# ``api_functions.py`` recorded on its first call with these arguments
+_function_recipes: dict = {}
+_ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
+                             dtypes.DType})
+
+
+def _record_function(name: str, op_type: str, x: Any, args: tuple, kwargs: dict,
+                     call: Callable[[], Any]) -> tf.Tensor | None:
+    """TensorFlow API function ``name`` on a float device tensor ``x`` (and Python values),
+    recorded from what its first call with these arguments recorded (``call()``, TensorFlow's
+    path, which this runs and learns from); None where that does not apply (TensorFlow's
+    path): see ``api_functions.py``."""
+    if type(x) is not ops.EagerTensor:
+        return None
+    operand = _float_operand(payload_of(x), operators.watchers)
+    if operand is None:
+        return None
+    a, seen = operand
+    try:
+        key = (name, _recipe_sig(a), tuple(map(_argument_key, args)),
+               tuple(sorted((k, _argument_key(v)) for k, v in kwargs.items())))
+    except TypeError:   # an argument that is not a plain Python value (a tensor, a shape)
+        return None
+    known = _function_recipes.get(key)
+    if known is None:
+        out = call()
+        _learn_function(key, op_type, a, out)
+        return out
+    ctx = _reaching_device()
+    if ctx is None:
+        return None
+    recipe, consts, tape_consts, attrs = known
+    return _emit((recipe, ctx), op_type, (a, *consts), seen, lambda: [x, *tape_consts], attrs)
+
+
+def _argument_key(value: Any) -> tuple:
+    """A Python argument (a number, flag, name, or list of them) as part of a key, its type
+    included (``np.int64`` axes give another constant than ``int`` ones); TypeError for
+    anything else."""
+    kind = type(value)
+    if kind in _ARGUMENT_TYPES:
+        return kind, value
+    if kind in (list, tuple) and all(type(v) in _ARGUMENT_TYPES for v in value):
+        return kind, tuple((type(v), v) for v in value)
+    raise TypeError(kind)
+
+
+def _learn_function(key: tuple, op_type: str, a: Node, out: Any) -> None:
+    """Keep what TensorFlow's path of a function just recorded (``out``) when it is one
+    ``op_type`` op on the tensor's node ``a`` and baked constants."""
+    t = payload_of(out) if type(out) is ops.EagerTensor else None
+    if type(t) is not LazyTensor:
+        return
+    n = t._node
+    consts = n.inputs[1:]
+    if n.op != "raw" or n.attrs[0] != op_type or not n.inputs or n.inputs[0] is not a or \
+            any(c.op != "const" or c.attrs[1] is None for c in consts):
+        return
+    recipe = _recipes.get((*n.attrs, *map(_recipe_sig, n.inputs)))
+    attrs = _tape_attrs(n.attrs[1])
+    if recipe is None or recipe.single is None or attrs is None:
+        return
+    if len(_function_recipes) >= raw.SPECS_MAX:
+        _function_recipes.clear()
+    tape_consts = [_host_constant(np.array(c.attrs[0], c.attrs[1].as_numpy_dtype))
+                   for c in consts]
+    _function_recipes[key] = (recipe, consts, tape_consts, attrs)
+
+
+def _tape_attrs(attrs: bytes) -> tuple | None:
+    """Canonical attrs bytes as the flat ``(name, value, ...)`` tuple a gradient tape gets
+    (types, bools, ints, floats and lists of ints only; None for other kinds)."""
+    flat: list = []
+    for name, value in sorted(raw.attr_map(attrs).items()):
+        kind = value.WhichOneof("value")
+        if kind in ("type", "b", "i", "f"):
+            flat += [name, getattr(value, kind)]
+        elif kind == "list" and all(f.name == "i" for f, _ in value.list.ListFields()):
+            flat += [name, list(value.list.i)]
+        else:
+            return None
+    return tuple(flat)
 
 
 def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -> None:

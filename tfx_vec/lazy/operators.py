@@ -43,7 +43,8 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops, tensor as tensor_lib
 from tensorflow.python.ops import resource_variable_ops
 
-__all__ = ["install", "OPERATORS", "UNARY", "NUMBERS", "UPDATES", "FREE", "TAPED", "BLOCKED"]
+__all__ = ["install", "watchers", "OPERATORS", "UNARY", "NUMBERS", "UPDATES", "FREE", "TAPED",
+           "BLOCKED"]
 
 # Python operator -> (TensorFlow op, operands swapped: ``2.0 * x`` is Mul(2.0, x))
 OPERATORS = {
@@ -112,7 +113,7 @@ def install(record: Record, record_unary: RecordUnary, read: Read, update: Updat
     base.numpy = _variable_numpy(base.numpy, value)
 
 
-def _watchers() -> int:
+def watchers() -> int:
     """What besides the device sees each op issued now: :data:`BLOCKED` while building a graph,
     with an op callback or a dtype conversion mode other than the default; :data:`TAPED` while
     a gradient tape or forward accumulator records; else :data:`FREE`."""
@@ -129,11 +130,11 @@ def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record,
         if kind is not ops.EagerTensor and kind not in NUMBERS:
             if not isinstance(y, resource_variable_ops.BaseResourceVariable):
                 return getattr(tensor_lib.Tensor, name)(x, y)
-            value = read(y, _watchers)    # TensorFlow's operator would read it too
+            value = read(y, watchers)    # TensorFlow's operator would read it too
             if value is None:
                 return getattr(tensor_lib.Tensor, name)(x, y)
             y = value
-        out = record(op_type, x, y, swapped, _watchers)
+        out = record(op_type, x, y, swapped, watchers)
         return getattr(tensor_lib.Tensor, name)(x, y) if out is None else out
     operator.__name__ = operator.__qualname__ = name
     return operator
@@ -142,7 +143,7 @@ def _tensor_operator(name: str, op_type: str, swapped: bool, record: Record,
 def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
     # As TensorFlow's own: the operator of the variable's value (a read).
     def operator(v, y):
-        value = read(v, _watchers)
+        value = read(v, watchers)
         return on_tensor(v.value() if value is None else value, y)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
@@ -150,7 +151,7 @@ def _variable_operator(on_tensor: Callable, read: Read) -> Callable:
 
 def _unary_operator(name: str, op_type: str, record_unary: RecordUnary) -> Callable:
     def operator(x):
-        out = record_unary(op_type, x, _watchers)
+        out = record_unary(op_type, x, watchers)
         return getattr(tensor_lib.Tensor, name)(x) if out is None else out
     operator.__name__ = operator.__qualname__ = name
     return operator
@@ -158,7 +159,7 @@ def _unary_operator(name: str, op_type: str, record_unary: RecordUnary) -> Calla
 
 def _variable_unary(on_tensor: Callable, read: Read) -> Callable:
     def operator(v):
-        value = read(v, _watchers)
+        value = read(v, watchers)
         return on_tensor(v.value() if value is None else value)
     operator.__name__ = operator.__qualname__ = on_tensor.__name__
     return operator
@@ -176,7 +177,7 @@ def _variable_numpy(original: Callable, value: Value) -> Callable:
 def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:
     def method(self, value, use_locking=None, name=None, read_value=True):
         if (type(value) is ops.EagerTensor or type(value) in NUMBERS) and \
-                update(op_type, self, value, _watchers):
+                update(op_type, self, value, watchers):
             # What TensorFlow's method returns eagerly: the variable to be read, or None.
             return self._lazy_read(None) if read_value else None
         return original(self, value, use_locking, name, read_value)

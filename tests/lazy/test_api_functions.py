@@ -1,0 +1,200 @@
+"""TensorFlow's reductions, reshapes, casts and activations on device tensors: recorded without
+TensorFlow's wrappers once its own path has shown the op, every value and gradient the eager
+one, TensorFlow's path wherever the device does not answer."""
+import inspect
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensorflow.python.ops import gen_array_ops, gen_math_ops
+
+from tests.support import eager_then_lazy, random_array
+from tfx_vec import lazy
+from tfx_vec.lazy.api_functions import FUNCTIONS
+
+# (function, its other arguments) on a [2, 3, 4] tensor: every function, several forms each
+CALLS = [
+    (tf.reduce_sum, ()), (tf.reduce_sum, (1,)), (tf.reduce_sum, ([0, -1], True)),
+    (tf.reduce_mean, ()), (tf.math.reduce_mean, (np.int64(2),)),
+    (tf.reduce_max, ((0, 1),)), (tf.reduce_min, (-1, True)), (tf.reduce_prod, (2,)),
+    (tf.reshape, ([6, 4],)), (tf.reshape, ([-1],)), (tf.reshape, ((4, -1, 2),)),
+    (tf.transpose, ()), (tf.transpose, ([1, 0, 2],)), (tf.expand_dims, (1,)),
+    (tf.squeeze, ()), (tf.cast, (tf.float64,)), (tf.cast, ("float16",)),
+    (tf.sigmoid, ()), (tf.math.abs, ()), (tf.nn.softmax, ()), (tf.nn.log_softmax, ()),
+    (tf.nn.softmax, (1,)),      # not one op on the tensor: TensorFlow's path every time
+]
+
+
+def _assert_like_eager(lz, eager, rtol):
+    """The lazy results have the eager ones' dtypes and shapes and values within ``rtol`` (of
+    the largest value, for values near zero)."""
+    assert len(lz) == len(eager)
+    for a, e in zip(lz, eager):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        tol = max(rtol, 1e-3) if a.dtype == np.float16 else rtol
+        np.testing.assert_allclose(a, e, rtol=tol, atol=tol * max(1.0, np.abs(e).max()))
+
+
+def _all_calls(x):
+    return [f(x, *args) for f, args in CALLS]
+
+
+def _program(dtype):
+    def run(on_device):
+        rng = np.random.default_rng(3)
+        x0 = random_array(rng, (2, 3, 4)) + 0.5
+        w = tf.Variable(tf.constant(random_array(rng, (4,)), dtype))
+        x = tf.constant(x0, dtype) * 1.0      # on the device when recorded
+        out = []
+        for _ in range(3):                    # the first call of each shows the op
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                ys = _all_calls(x * w)
+                loss = tf.add_n([tf.reduce_sum(tf.cast(y, dtype) ** 2) for y in ys])
+            out += [loss, *tape.gradient(loss, [w, x])]        # recorded as one node
+            out += tape.gradient([loss, ys[0], ys[8]], [w, x])  # TensorFlow's own backward
+            out += ys
+        if on_device:
+            lazy.mark_step()        # no recorded gradient pending in the accumulator
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+            zs = [tf.reduce_mean(x * x, axis=1), tf.reshape(x, [4, 6]), tf.nn.softmax(x)]
+        out += zs + [acc.jvp(z) for z in zs]
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+    return run
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_every_function_gives_the_eager_values_gradients_and_derivatives(dtype):
+    eager, lz, metrics = eager_then_lazy(_program(dtype))
+    _assert_like_eager(lz, eager, 2e-5 if dtype == tf.float32 else 1e-11)
+    assert metrics["tape_recorded"] >= 3
+    assert not any(k.startswith("fallback") for k in metrics)
+
+
+def test_a_repeated_call_skips_tensorflows_wrappers(monkeypatch):
+    seen = []
+    for module, name in [(gen_math_ops, "mean"), (gen_array_ops, "reshape"),
+                         (gen_math_ops, "sigmoid"), (gen_array_ops, "transpose")]:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, _o=original, **k: seen.append(1) or _o(*a, **k))
+    with lazy.device():
+        x = tf.constant([[1.0, 2.0], [3.0, 5.0]]) * 1.0
+        results = []
+        for k in range(4):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.sigmoid(tf.transpose(tf.reshape(x, [1, 4])))
+                loss = tf.reduce_mean(y * y)
+            results.append((loss, tape.gradient(loss, x)))
+            if k == 0:
+                first = len(seen)
+        recorded = len(seen)
+        lazy.mark_step()                       # (the compiled program calls them: not counted)
+    assert first >= 4 and recorded == first    # later rounds: none of the generated functions
+    assert lazy.metrics()["compiles"] == 1
+    for loss, grad in results:
+        np.testing.assert_allclose(loss.numpy(), results[0][0].numpy())
+        np.testing.assert_allclose(grad.numpy(), results[0][1].numpy())
+    s = 1 / (1 + np.exp(-np.array([[1.0, 2.0], [3.0, 5.0]])))
+    np.testing.assert_allclose(results[-1][0].numpy(), np.mean(s * s), rtol=1e-6)
+
+
+def test_tensorflows_path_where_the_device_does_not_answer():
+    """A tensor argument, an integer tensor, a keyword tensor, another device's scope, a
+    graph being built, a function that is not one op on its tensor: TensorFlow's own path,
+    with the eager results and placements."""
+    rng = np.random.default_rng(11)
+    x0 = random_array(rng, (3, 4))
+
+    @tf.function
+    def traced(x):
+        return tf.reduce_sum(tf.reshape(x, [-1]))
+
+    def run(on_device):
+        x = tf.constant(x0) * 1.0
+        i = tf.constant([[1, 2], [3, 4]]) + 0
+        out = []
+        for _ in range(2):
+            out += [tf.reduce_sum(x, tf.constant(1)), tf.reduce_max(i, 0),
+                    tf.reshape(i, [4]), tf.reduce_mean(input_tensor=x, axis=0),
+                    tf.reshape(x, tf.constant([4, 3])), tf.nn.log_softmax(x, axis=0),
+                    tf.cast(i, tf.float32), traced(x)]
+            with tf.device("CPU:0"):
+                placed = tf.reduce_sum(x, 1)
+            if on_device:
+                assert placed.device.endswith("CPU:0")
+            out.append(placed)
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, _ = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-6)
+    with lazy.device():
+        x = tf.constant(x0) * 1.0
+        for _ in range(2):          # the device's error naming the op, every time
+            with pytest.raises(lazy.LazyError, match="Sum: Invalid reduction dimension"):
+                tf.reduce_sum(x, 2)
+
+
+def test_the_functions_keep_tensorflows_names_documents_and_signatures():
+    with lazy.device():
+        pass                                   # installed
+    for name, (home, attribute, _) in FUNCTIONS.items():
+        public = tf
+        for part in name.split("."):
+            public = getattr(public, part)
+        original = getattr(home, attribute)
+        assert inspect.signature(public) == inspect.signature(original.__wrapped__) or \
+            inspect.signature(public) == inspect.signature(original)
+        assert public.__doc__ == original.__doc__ and public.__name__ == original.__name__
+    x = tf.constant([[1.0, 2.0]])              # eager tensors off the device: TensorFlow's
+    assert tf.reduce_sum(x).numpy() == 3.0 and not x.device.endswith("LAZY:0")
+
+
+_SHAPES = st.lists(st.integers(1, 4), min_size=0, max_size=3)
+
+
+@st.composite
+def _reduction(draw):
+    shape = draw(_SHAPES)
+    function = draw(st.sampled_from([tf.reduce_sum, tf.reduce_mean, tf.reduce_max,
+                                     tf.reduce_min, tf.reduce_prod]))
+    rank = len(shape)
+    axes = draw(st.one_of(st.none(), st.lists(st.integers(-rank, rank - 1), unique_by=lambda
+                                              a: a % rank, max_size=rank) if rank else
+                          st.just([])))
+    if axes is not None and len(axes) == 1 and draw(st.booleans()):
+        axes = axes[0]
+    return shape, function, axes, draw(st.booleans())
+
+
+@settings(max_examples=10, deadline=None)
+@given(case=_reduction(), seed=st.integers(0, 2 ** 16), split=st.integers(0, 3))
+def test_random_reductions_and_reshapes_give_the_eager_values_and_gradients(case, seed,
+                                                                            split):
+    shape, function, axes, keepdims = case
+    x0 = random_array(np.random.default_rng(seed), shape) + 0.25
+
+    def run(on_device):
+        x = tf.constant(x0) * 1.0
+        out = []
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = function(x, axes, keepdims)
+                size = int(np.prod(y.shape))
+                z = tf.reshape(y, [-1, size] if split % 2 else [size])
+                loss = tf.reduce_sum(tf.sigmoid(z) * tf.abs(z))
+            out += [y, z, loss, tape.gradient(loss, x)]
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, _ = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-6)
