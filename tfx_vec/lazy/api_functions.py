@@ -1,21 +1,27 @@
-"""TensorFlow's reductions, reshapes, casts and a few activations on the lazy device, recorded
-without their Python wrappers once TensorFlow's own path has shown what they record.
+"""TensorFlow's reductions, reshapes, casts, products, activations and losses on the lazy
+device, recorded without their Python wrappers once TensorFlow's own path has shown what they
+record.
 
 ``tf.reduce_mean(x)`` runs about 50 µs of Python before the device records one op: the
 deprecation and dispatch wrappers, the reduction axes worked out and converted to a host
 tensor, the generated op function and its fast path (``tf.reshape`` of a Python shape falls
-back to TensorFlow's slow conversion path: about 60 µs).  A loss written with them pays that
-every step, eagerly or on the lazy device alike, where the op itself costs two to record.
+back to TensorFlow's slow conversion path: about 60 µs;
+``tf.nn.sigmoid_cross_entropy_with_logits``, ten ops each through the same wrappers: about
+200 µs).  A loss written with them pays that every step, eagerly or on the lazy device alike,
+where recording an op costs two.
 
 :func:`install` replaces the functions of :data:`FUNCTIONS` in TensorFlow's modules by
 wrappers that first offer the call to the device (``record``).  The device answers from what
-the same call recorded before: the first call with given arguments (the tensor's shape and
-dtype, the other arguments' Python values) takes TensorFlow's path, and the op it recorded
-(one op on the tensor and baked constants) is kept; a later call with the same arguments
-records that op again directly, and gives it to recording gradient tapes as TensorFlow's fast
-path gives it.  Where the device does not answer (a tensor elsewhere, an argument that is a
-tensor, graph building, an op callback) TensorFlow's function runs, as it always does outside
-the device.
+the same call recorded before: the first call with given arguments (each tensor's shape and
+dtype and whether it is on the device, which arguments are the same tensor, the other
+arguments' Python values) takes TensorFlow's path, and the ops it recorded on its tensor
+arguments and on constants it made itself are kept as a template; a later call with the
+same arguments records them again directly, each given to recording gradient tapes as
+TensorFlow's fast path gives it.  Where the device does not answer (no tensor of the device,
+an argument that is a tensor of another kind, graph building, an op callback) or the first
+call did something a template cannot repeat (read a value, ran an op on the host, used a
+tensor or variable from outside the call) TensorFlow's function runs, as it always does
+outside the device.
 
 Example:
     >>> import tensorflow as tf
@@ -32,38 +38,39 @@ import functools
 from typing import Any, Callable
 
 import tensorflow as tf
-from tensorflow.python.ops import array_ops, math_ops, nn_ops
+from tensorflow.python.ops import array_ops, linalg_ops, math_ops, nn_impl, nn_ops
 
 __all__ = ["install", "FUNCTIONS"]
 
-# TensorFlow API function -> (TensorFlow's module defining it, its name there, the op it
-# records on its first argument)
+# TensorFlow API function -> (TensorFlow's module defining it, its name there)
 FUNCTIONS = {
-    "reduce_sum": (math_ops, "reduce_sum", "Sum"),
-    "reduce_mean": (math_ops, "reduce_mean", "Mean"),
-    "reduce_max": (math_ops, "reduce_max", "Max"),
-    "reduce_min": (math_ops, "reduce_min", "Min"),
-    "reduce_prod": (math_ops, "reduce_prod", "Prod"),
-    "reshape": (array_ops, "reshape", "Reshape"),
-    "transpose": (array_ops, "transpose_v2", "Transpose"),
-    "expand_dims": (array_ops, "expand_dims_v2", "ExpandDims"),
-    "squeeze": (array_ops, "squeeze_v2", "Squeeze"),
-    "cast": (math_ops, "cast", "Cast"),
-    "sigmoid": (math_ops, "sigmoid", "Sigmoid"),
-    "abs": (math_ops, "abs", "Abs"),
-    "nn.softmax": (nn_ops, "softmax_v2", "Softmax"),
-    "nn.log_softmax": (nn_ops, "log_softmax_v2", "LogSoftmax"),
+    "reduce_sum": (math_ops, "reduce_sum"), "reduce_mean": (math_ops, "reduce_mean"),
+    "reduce_max": (math_ops, "reduce_max"), "reduce_min": (math_ops, "reduce_min"),
+    "reduce_prod": (math_ops, "reduce_prod"),
+    "math.reduce_logsumexp": (math_ops, "reduce_logsumexp"),
+    "math.reduce_variance": (math_ops, "reduce_variance"),
+    "math.reduce_std": (math_ops, "reduce_std"),
+    "reshape": (array_ops, "reshape"), "transpose": (array_ops, "transpose_v2"),
+    "expand_dims": (array_ops, "expand_dims_v2"), "squeeze": (array_ops, "squeeze_v2"),
+    "cast": (math_ops, "cast"), "matmul": (math_ops, "matmul"),
+    "argmax": (math_ops, "argmax_v2"), "norm": (linalg_ops, "norm_v2"),
+    "sigmoid": (math_ops, "sigmoid"), "abs": (math_ops, "abs"),
+    "math.log_sigmoid": (math_ops, "log_sigmoid"),
+    "nn.softmax": (nn_ops, "softmax_v2"), "nn.log_softmax": (nn_ops, "log_softmax_v2"),
+    "nn.l2_loss": (nn_ops, "l2_loss"),
+    "nn.sigmoid_cross_entropy_with_logits": (nn_impl, "sigmoid_cross_entropy_with_logits_v2"),
 }
-# ``record(function name, op type, first argument, other positional arguments, keyword
-# arguments, TensorFlow's call)``: the device's answer, or None for TensorFlow's path.
-Record = Callable[[str, str, Any, tuple, dict, Callable[[], Any]], Any]
+# ``record(function name, TensorFlow's function, positional arguments, keyword arguments)``:
+# the device's answer (after calling the function itself, where it learns from that), or None
+# for TensorFlow's path.
+Record = Callable[[str, Callable, tuple, dict], Any]
 _installed = [False]
 
 
 def _api_modules() -> list:
     """The modules the functions are reached through: TensorFlow's own and its API's."""
-    return [math_ops, array_ops, nn_ops, tf, tf.math, tf.nn, tf.compat.v1, tf.compat.v1.math,
-            tf.compat.v1.nn]
+    return [math_ops, array_ops, linalg_ops, nn_impl, nn_ops, tf, tf.math, tf.nn, tf.linalg,
+            tf.compat.v1, tf.compat.v1.math, tf.compat.v1.nn, tf.compat.v1.linalg]
 
 
 def install(record: Record) -> None:
@@ -73,22 +80,18 @@ def install(record: Record) -> None:
         return
     _installed[0] = True
     modules = _api_modules()
-    for name, (home, attribute, op_type) in FUNCTIONS.items():
+    for name, (home, attribute) in FUNCTIONS.items():
         original = getattr(home, attribute)
-        wrapper = _wrapper(name, op_type, original, record)
+        wrapper = _wrapper(name, original, record)
         for module in modules:
             for held, value in list(vars(module).items()):
                 if value is original:
                     setattr(module, held, wrapper)
 
 
-def _wrapper(name: str, op_type: str, original: Callable, record: Record) -> Callable:
+def _wrapper(name: str, original: Callable, record: Record) -> Callable:
     @functools.wraps(original)
     def function(*args, **kwargs):
-        if args:
-            out = record(name, op_type, args[0], args[1:], kwargs,
-                         lambda: original(*args, **kwargs))
-            if out is not None:
-                return out
-        return original(*args, **kwargs)
+        out = record(name, original, args, kwargs)
+        return original(*args, **kwargs) if out is None else out
     return function

@@ -60,7 +60,7 @@ from . import (api_functions, calls, ir, metrics, operators, raw, runtime, tape_
 from .errors import LazyError, LazyShapeError
 from .ir import Node
 from .ops import Unrecordable
-from .tensor import LazyTensor, _const, check_assign, force, value
+from .tensor import READS, LazyTensor, _const, check_assign, force, value
 
 __all__ = ["device", "DEVICE_NAME", "HOST", "DeviceVariable", "native", "payload_of",
            "is_device_tensor", "make_tensor", "make_tensors"]
@@ -791,62 +791,136 @@ def _direct_recipe(key: tuple) -> tuple | None:
 
 
 def _emit(found: tuple, op_type: str, nodes: tuple, seen: int,
-          tape_inputs: Callable[[], list], attrs: tuple | None = None) -> tf.Tensor:
-    """The device tensor of an operator's (or API function's) op recorded on float ``nodes``
-    with ``found`` (see :func:`_direct_recipe`), given to recording tapes with
-    ``tape_inputs()`` as its inputs and ``attrs`` (default: the operators' ``T``) as its
-    attrs."""
+          tape_inputs: Callable[[], list]) -> tf.Tensor:
+    """The device tensor of an operator's op recorded on float ``nodes`` with ``found`` (see
+    :func:`_direct_recipe`), given to recording tapes with ``tape_inputs()`` as its inputs."""
     recipe, ctx = found
     (spec,) = recipe.specs(nodes)
     out = _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
     if seen == operators.TAPED:
-        _record_gradient(op_type, tape_inputs(),
-                         _T_ATTRS[nodes[0].sig[1]] if attrs is None else attrs, out)
+        _record_gradient(op_type, tape_inputs(), _T_ATTRS[nodes[0].sig[1]], out)
     return out
 
 
-# (function, its tensor's signature, the other arguments) -> (recipe, constant input nodes,
-# the tape's inputs after the tensor, the tape's attrs): what a TensorFlow API function of
-# ``api_functions.py`` recorded on its first call with these arguments
-_function_recipes: dict = {}
+def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -> None:
+    """Give the recording gradient tapes and forward accumulators the op, as TensorFlow's eager
+    fast path gives it to them (the generated op functions' ``record_gradient``)."""
+    pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, [out], ops.get_name_scope())
+
+
+# {{{ TensorFlow API functions from what their first call recorded (api_functions.py)
+
+class _Template:
+    """The ops a TensorFlow API function recorded on its tensor arguments: replayed for a later
+    call with the same arguments (their signatures, the other arguments' values).
+
+    ``steps``: per op, in order, ``(recipe, input refs, op type, tape attrs)``; an input ref is
+    ``(ARG, k)`` (the ``k``-th tensor argument), ``(STEP, j)`` (an earlier step's output) or
+    ``(LEAF, node)`` (a constant or host value the function made itself, the same every call).
+    ``tape_leaves``: each leaf ref's host tensor, as the tape gets it.  The last step's output is
+    the function's result."""
+
+    __slots__ = ("steps", "tape_leaves", "taped")
+
+    def __init__(self, steps: list, tape_leaves: dict, taped: bool):
+        self.steps = steps
+        self.tape_leaves = tape_leaves
+        self.taped = taped            # every op's attrs are ones a tape can be given
+
+    def replay(self, args: list, nodes: list, seen: int, ctx: Any) -> tf.Tensor:
+        """The function's result recorded on the tensor arguments ``args`` (their ``nodes``),
+        each op given to recording tapes (``seen``) as TensorFlow's fast path gives it."""
+        outs: list = []
+        tensors: list = []
+        make, handle = _native[0].make_tensor, ctx._handle
+        last = len(self.steps) - 1
+        for i, (recipe, refs, op_type, attrs) in enumerate(self.steps):
+            (node,) = recipe.nodes(tuple([
+                nodes[k] if kind is _ARG else outs[k] if kind is _STEP else k
+                for kind, k in refs]))
+            outs.append(node)
+            if seen == operators.TAPED or i == last:
+                tensors.append(make(handle, DEVICE_NAME,
+                                    (LazyTensor._recorded(node), node.sig[1], node.shape)))
+            if seen == operators.TAPED:
+                _record_gradient(op_type, [
+                    args[k] if kind is _ARG else tensors[k] if kind is _STEP
+                    else self.tape_leaves[id(k)] for kind, k in refs], attrs, tensors[-1])
+        return tensors[-1]
+
+
+_ARG, _STEP, _LEAF = "arg", "step", "leaf"
+# (function, argument keys) -> its _Template, or None where its first call recorded something
+# a template cannot replay
+_templates: dict = {}
 _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
                              dtypes.DType})
+_host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
 
 
-def _record_function(name: str, op_type: str, x: Any, args: tuple, kwargs: dict,
-                     call: Callable[[], Any]) -> tf.Tensor | None:
-    """TensorFlow API function ``name`` on a float device tensor ``x`` (and Python values),
-    recorded from what its first call with these arguments recorded (``call()``, TensorFlow's
-    path, which this runs and learns from); None where that does not apply (TensorFlow's
-    path): see ``api_functions.py``."""
-    if type(x) is not ops.EagerTensor:
-        return None
-    operand = _float_operand(payload_of(x), operators.watchers)
-    if operand is None:
-        return None
-    a, seen = operand
+def _record_function(name: str, function: Callable, args: tuple,
+                     kwargs: dict) -> tf.Tensor | None:
+    """TensorFlow API function ``name`` on float tensors of the device (and float host
+    tensors, plain Python values), recorded from what its first call with these arguments
+    recorded (``function(*args, **kwargs)``: TensorFlow's path, which this runs and learns
+    from); None where that does not apply (TensorFlow's path): see ``api_functions.py``."""
+    if not any(type(v) is ops.EagerTensor and _native[0].payload(v, DEVICE_NAME) is not None
+               for v in (*args, *kwargs.values())):
+        return None       # no tensor of the device (eager code): nothing more to check
+    found: list = []      # (tensor, its node or host signature, on the device) per tensor
     try:
-        key = (name, _recipe_sig(a), tuple(map(_argument_key, args)),
-               tuple(sorted((k, _argument_key(v)) for k, v in kwargs.items())))
-    except TypeError:   # an argument that is not a plain Python value (a tensor, a shape)
+        key = (name, tuple([_argument_key(v, found) for v in args]),
+               tuple(sorted([(k, _argument_key(v, found)) for k, v in kwargs.items()])))
+    except TypeError:     # an argument that is not a plain value (a shape, a variable)
         return None
-    known = _function_recipes.get(key)
-    if known is None:
-        out = call()
-        _learn_function(key, op_type, a, out)
-        return out
+    if not any(on for _, _, on in found):
+        return None       # no tensor of the device: TensorFlow's path, as outside it
+    seen = operators.watchers()
     ctx = _reaching_device()
-    if ctx is None:
+    if seen == operators.BLOCKED or ctx is None:
         return None
-    recipe, consts, tape_consts, attrs = known
-    return _emit((recipe, ctx), op_type, (a, *consts), seen, lambda: [x, *tape_consts], attrs)
+    tensors = [t for t, _, _ in found]
+    if len(found) > 1:    # which arguments are the same tensor: part of what was recorded
+        key += (tuple([next(j for j, u in enumerate(tensors) if u is t) for t in tensors]),)
+    if key not in _templates:
+        before = (metrics._counters["barriers"], READS[0], _host_runs[0])
+        serial = next(ir.serials)
+        out = function(*args, **kwargs)
+        if before == (metrics._counters["barriers"], READS[0], _host_runs[0]):
+            if len(_templates) >= raw.SPECS_MAX:
+                _templates.clear()
+            _templates[key] = _learn(found, serial, out)
+        # else a barrier, a value read or a host op ran inside (a forward accumulator's
+        # derivative, a graph-size cut): learnt from a later call
+        return out
+    template = _templates[key]
+    if template is None or (seen == operators.TAPED and not template.taped):
+        return None
+    return template.replay(tensors, [n if on else _node_of(t, n) for t, n, on in found],
+                           seen, ctx)
 
 
-def _argument_key(value: Any) -> tuple:
-    """A Python argument (a number, flag, name, or list of them) as part of a key, its type
-    included (``np.int64`` axes give another constant than ``int`` ones); TypeError for
-    anything else."""
+def _argument_key(value: Any, found: list) -> tuple:
+    """A function argument as part of a key: a float tensor of the device, or a float host
+    tensor of rank 1 or more (a batch), by its signature (appended to ``found``), a Python
+    value (a number, flag, name, dtype, or list of them) by its value and type (``np.int64``
+    axes give another constant than ``int`` ones); TypeError for anything else."""
     kind = type(value)
+    if kind is ops.EagerTensor:
+        t = payload_of(value)
+        if type(t) is LazyTensor:
+            sig = t._node.sig
+            found.append((value, t._node, True))
+        elif t is None:   # (a host scalar's leaf would hold its number, not the tensor)
+            sig = (value._shape_tuple(), value._datatype_enum())
+            if not sig[0]:
+                raise TypeError("a host scalar")
+            found.append((value, sig, False))
+        else:
+            raise TypeError(kind)
+        if sig[1] not in _OPERATOR_ENUMS:
+            raise TypeError(kind)
+        return "tensor", t is not None, sig
     if kind in _ARGUMENT_TYPES:
         return kind, value
     if kind in (list, tuple) and all(type(v) in _ARGUMENT_TYPES for v in value):
@@ -854,26 +928,60 @@ def _argument_key(value: Any) -> tuple:
     raise TypeError(kind)
 
 
-def _learn_function(key: tuple, op_type: str, a: Node, out: Any) -> None:
-    """Keep what TensorFlow's path of a function just recorded (``out``) when it is one
-    ``op_type`` op on the tensor's node ``a`` and baked constants."""
+def _learn(found: list, serial: int, out: Any) -> _Template | None:
+    """The template of what a function call just recorded (``out``, its result; nodes made
+    after creation stamp ``serial``) on its tensor arguments ``found``, or None where a
+    replay could differ: a result that is not a new op's single output, an input from outside
+    the call (a tensor recorded before it, a variable, a value computed before it), an op of
+    several outputs.  A host value made inside the call (``tf.zeros_like``'s zeros, a
+    shape) is a leaf of the template: these functions make them from shapes and dtypes."""
     t = payload_of(out) if type(out) is ops.EagerTensor else None
-    if type(t) is not LazyTensor:
-        return
-    n = t._node
-    consts = n.inputs[1:]
-    if n.op != "raw" or n.attrs[0] != op_type or not n.inputs or n.inputs[0] is not a or \
-            any(c.op != "const" or c.attrs[1] is None for c in consts):
-        return
-    recipe = _recipes.get((*n.attrs, *map(_recipe_sig, n.inputs)))
-    attrs = _tape_attrs(n.attrs[1])
-    if recipe is None or recipe.single is None or attrs is None:
-        return
-    if len(_function_recipes) >= raw.SPECS_MAX:
-        _function_recipes.clear()
-    tape_consts = [_host_constant(np.array(c.attrs[0], c.attrs[1].as_numpy_dtype))
-                   for c in consts]
-    _function_recipes[key] = (recipe, consts, tape_consts, attrs)
+    if type(t) is not LazyTensor or t._node.serial < serial:
+        return None
+    # a device argument is its node; a host argument, whichever data leaf holds its buffer
+    # (the device sees a new Python tensor sharing it); a tensor passed twice, its first place
+    # (the key says which arguments are the same)
+    where: dict = {}
+    for k, (x, n, on) in enumerate(found):
+        where.setdefault(id(n) if on else _buffer(x), k)
+    done: dict = {}
+    order: list = []
+    stack = [(t._node, False)]
+    while stack:                          # the ops under the result, inputs first
+        n, ready = stack.pop()
+        if id(n) in done:
+            continue
+        k = where.get(id(n))
+        if k is None and n.op == "data" and n.serial >= serial:
+            k = where.get(_buffer(n.value))
+        if k is not None:
+            done[id(n)] = (_ARG, k)
+        elif n.op in ("const", "scalar") or (n.op == "data" and n.serial >= serial):
+            done[id(n)] = (_LEAF, n)      # a constant or host value made inside the call
+        elif n.op != "raw" or n.serial < serial:
+            return None
+        elif ready:
+            done[id(n)] = (_STEP, len(order))
+            order.append(n)
+        else:
+            stack.append((n, True))
+            stack.extend((x, False) for x in reversed(n.inputs))
+    steps = []
+    leaves: dict = {}
+    for n in order:
+        recipe = _recipes.get((*n.attrs, *map(_recipe_sig, n.inputs)))
+        if recipe is None or recipe.single is None:
+            return None
+        refs = tuple([done[id(x)] for x in n.inputs])
+        leaves.update((id(leaf), _leaf_tensor(leaf)) for kind, leaf in refs if kind is _LEAF)
+        steps.append((recipe, refs, n.attrs[0], _tape_attrs(n.attrs[1])))
+    return _Template(steps, leaves, all(attrs is not None for *_, attrs in steps))
+
+
+def _buffer(t: tf.Tensor) -> tuple:
+    """The host buffer of eager host tensor ``t`` (its address, dtype and shape)."""
+    array = t._numpy_internal()
+    return array.__array_interface__["data"][0], array.dtype.str, array.shape
 
 
 def _tape_attrs(attrs: bytes) -> tuple | None:
@@ -891,10 +999,15 @@ def _tape_attrs(attrs: bytes) -> tuple | None:
     return tuple(flat)
 
 
-def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -> None:
-    """Give the recording gradient tapes and forward accumulators the op, as TensorFlow's eager
-    fast path gives it to them (the generated op functions' ``record_gradient``)."""
-    pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, [out], ops.get_name_scope())
+def _leaf_tensor(leaf: Node) -> tf.Tensor:
+    """The host tensor of a constant or host-value leaf, as a tape gets it."""
+    if leaf.op == "data":
+        return leaf.value
+    value, dtype = (leaf.attrs if leaf.op == "const" else (leaf.value, leaf.dtype))
+    return _host_constant(np.array(value, (dtype or tf.float32).as_numpy_dtype))
+
+
+# }}}
 
 
 def _readable_state(v: Any) -> DeviceVariable | None:
@@ -1010,6 +1123,7 @@ _DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetN
 
 def _run_on_host(op: raw.RawOp, inputs: tuple, cap: Any, kind: str, reason: str) -> list:
     """Run the op on the host, as eager TensorFlow would, after forcing its lazy inputs."""
+    _host_runs[0] += 1
     tape_capture.taint_recording(f"{kind} op {op.type}")
     units.taint(f"a {kind} op {op.type}")
     if kind == "fallback":

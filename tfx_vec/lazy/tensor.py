@@ -373,9 +373,13 @@ def value(t: Any, cause: str = "to_tensor") -> tf.Tensor:
     return force(t, cause)
 
 
+READS = [0]   # lazy tensors' values read, pending or not: Python may branch on them
+
+
 def force(t: LazyTensor, cause: str | Callable[[], str]) -> tf.Tensor:
     """The host value of ``t``, computing pending work first (a barrier).  ``cause`` names the
     barrier; a callable is called only when one runs (a call site costs a stack walk)."""
+    READS[0] += 1
     if t._pending() and t._node.op != "var":  # a variable's current value needs no program
         metrics.bump("forced")
         runtime.barrier(cause if isinstance(cause, str) else cause())
