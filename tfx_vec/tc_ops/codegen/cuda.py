@@ -24,7 +24,8 @@ from .opencl import GpuPrinter
 __all__ = ["CudaPrinter"]
 
 class CudaPrinter(GpuPrinter):
-    """CUDA C++ for nvcc / NVRTC (pycuda's SourceModule with ``no_extern_c``).
+    """CUDA C++ for nvcc (pycuda's SourceModule with ``no_extern_c``; NVRTC lacks the C
+    headers the prelude includes).
 
     Example:
         >>> from tfx_vec.tc_ops.lang.sema import check_program
