@@ -219,3 +219,30 @@ def test_random_reductions_and_reshapes_give_the_eager_values_and_gradients(case
 
     eager, lz, _ = eager_then_lazy(run)
     _assert_like_eager(lz, eager, 1e-6)
+
+
+def test_variable_arguments_are_read_when_called_and_give_eager_gradients():
+    """A device variable passed to a function is read as TensorFlow's conversion reads it: its
+    value at the call (after earlier updates), the read given to the tape."""
+    rng = np.random.default_rng(13)
+    v0, x0 = random_array(rng, (3, 4)), random_array(rng, (4, 2))
+
+    def run(on_device):
+        v = tf.Variable(v0)
+        x = tf.constant(x0) * 1.0
+        out = []
+        for k in range(3):
+            with tf.GradientTape() as tape:
+                y = tf.reduce_sum(tf.abs(v)) + tf.reduce_mean(tf.matmul(v, x)) + \
+                    tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                        labels=tf.sigmoid(v), logits=v))
+            out += [y, tape.gradient(y, v)]
+            v.assign_add(tf.abs(v) * 0.25 + float(k))     # a new value for the next reads
+            out.append(tf.reduce_max(v, axis=1))
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, metrics = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-5)
+    assert metrics["tape_recorded"] == 3

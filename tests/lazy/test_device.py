@@ -547,6 +547,13 @@ def _gradient_surface(w0, x0):
     out["persistent"] = [g.numpy() for g in tape.gradient(loss, [w])]
     out["again"] = [g.numpy() for g in tape.gradient(loss, [h, w])]
     out["list"] = type(tape.gradient(loss, [w])).__name__
+    for source in (w, x):                         # one source, not in a list
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(w * x * x)
+        single = tape.gradient(loss, source)
+        out["single"] = out.get("single", []) + [type(single).__name__]
+        out["single grads"] = out.get("single grads", []) + [single.numpy()]
     return out
 
 
@@ -557,9 +564,9 @@ def test_tape_gradient_returns_what_eager_returns():
     eager = _gradient_surface(w0, x0)
     with lazy.device():
         lz = _gradient_surface(w0, x0)
-    assert {k: lz[k] for k in ("tuple", "list", "watched")} == \
-        {k: eager[k] for k in ("tuple", "list", "watched")}
-    for k in ("tuple grads", "persistent", "again"):
+    assert {k: lz[k] for k in ("tuple", "list", "watched", "single")} == \
+        {k: eager[k] for k in ("tuple", "list", "watched", "single")}
+    for k in ("tuple grads", "persistent", "again", "single grads"):
         for a, b in zip(lz[k], eager[k]):
             _close(a, b)
 

@@ -208,7 +208,8 @@ def test_a_variable_operand_reads_the_value_of_that_moment():
     assert metrics["compiles"] == 1
 
 
-def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monkeypatch):
+def test_updates_by_device_tensors_and_variables_give_the_eager_values_and_return_values(
+        monkeypatch):
     from tensorflow.python.ops import gen_resource_variable_ops as gen
     calls = []
     for name in ("assign_variable_op", "assign_add_variable_op", "assign_sub_variable_op"):
@@ -219,6 +220,7 @@ def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monke
 
     def run(on_device):
         v = tf.Variable(start)
+        u = tf.Variable(delta * 3.0)
         d = tf.constant(delta) + 0.0           # on the device when recorded
         out, through_tf = [], []
         for _ in range(3):
@@ -226,6 +228,9 @@ def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monke
             out.append(v.assign_add(d) + 0.0)
             out.append(tf.identity(v.assign_sub(0.5 * d)))
             assert v.assign(v * 2.0, read_value=False) is None
+            out.append(v.read_value())
+            u.assign_sub(d)                    # a variable's value: the one after this update
+            v.assign_add(u)
             out.append(v.read_value())
             through_tf.append(len(calls) - before)
         with pytest.raises(Exception, match="shape|expected float32"):
@@ -237,7 +242,7 @@ def test_updates_by_device_tensors_give_the_eager_values_and_return_values(monke
     eager, lz, _ = eager_then_lazy(run)
     for a, e in zip(lz[0], eager[0]):
         np.testing.assert_allclose(a, e, rtol=1e-6)
-    assert eager[1] == [3, 3, 3] and lz[1] == [0, 0, 0]   # no update through TF's wrappers
+    assert eager[1] == [5, 5, 5] and lz[1] == [0, 0, 0]   # no update through TF's wrappers
 
 
 def test_a_variable_numpy_reads_its_value_after_pending_updates_as_eager_does():

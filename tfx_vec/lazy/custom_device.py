@@ -856,6 +856,7 @@ _templates: dict = {}
 _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
                              dtypes.DType})
 _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
+_VARIABLES = resource_variable_ops.BaseResourceVariable
 
 
 def _record_function(name: str, function: Callable, args: tuple,
@@ -864,10 +865,10 @@ def _record_function(name: str, function: Callable, args: tuple,
     tensors, plain Python values), recorded from what its first call with these arguments
     recorded (``function(*args, **kwargs)``: TensorFlow's path, which this runs and learns
     from); None where that does not apply (TensorFlow's path): see ``api_functions.py``."""
-    if not any(type(v) is ops.EagerTensor and _native[0].payload(v, DEVICE_NAME) is not None
-               for v in (*args, *kwargs.values())):
+    if not any(_native[0].payload(v, DEVICE_NAME) is not None if type(v) is ops.EagerTensor
+               else isinstance(v, _VARIABLES) for v in (*args, *kwargs.values())):
         return None       # no tensor of the device (eager code): nothing more to check
-    found: list = []      # (tensor, its node or host signature, on the device) per tensor
+    found: list = []      # (tensor or variable, its node or host signature, on the device)
     try:
         key = (name, tuple([_argument_key(v, found) for v in args]),
                tuple(sorted([(k, _argument_key(v, found)) for k, v in kwargs.items()])))
@@ -896,16 +897,26 @@ def _record_function(name: str, function: Callable, args: tuple,
     template = _templates[key]
     if template is None or (seen == operators.TAPED and not template.taped):
         return None
+    # a variable is read as TensorFlow's conversion reads it (the tape told), then replayed on
+    tensors = [_read_operand(t, operators.watchers) if isinstance(t, _VARIABLES) else t
+               for t in tensors]
     return template.replay(tensors, [n if on else _node_of(t, n) for t, n, on in found],
                            seen, ctx)
 
 
 def _argument_key(value: Any, found: list) -> tuple:
-    """A function argument as part of a key: a float tensor of the device, or a float host
-    tensor of rank 1 or more (a batch), by its signature (appended to ``found``), a Python
+    """A function argument as part of a key: a float tensor or variable of the device, or a
+    float host tensor of rank 1 or more (a batch), by its signature (appended to ``found``), a
+    Python
     value (a number, flag, name, dtype, or list of them) by its value and type (``np.int64``
     axes give another constant than ``int`` ones); TypeError for anything else."""
     kind = type(value)
+    if isinstance(value, _VARIABLES):   # read by TensorFlow's conversion: its current value
+        state = _readable_state(value)
+        if state is None or state._node.sig[1] not in _OPERATOR_ENUMS:
+            raise TypeError(kind)
+        found.append((value, state._node, True))
+        return "tensor", True, state._node.sig
     if kind is ops.EagerTensor:
         t = payload_of(value)
         if type(t) is LazyTensor:
@@ -1057,13 +1068,18 @@ def _variable_value(v: Any) -> tf.Tensor | None:
 
 def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], int]) -> bool:
     """``v.assign(value)`` (``op_type``: its op, or the ``_add``/``_sub`` one's) of a device
-    variable and a device tensor of its shape and dtype, or of a number when the variable is a
+    variable and a device tensor or variable of its shape and dtype, or of a number when the
+    variable is a
     scalar (a step counter's ``assign_add(1)``), substituted as :func:`_assign` does but
     without TensorFlow's op wrappers, when nothing else watches it (``watchers``); False when
     not done (TensorFlow's path)."""
     state = _variable_state(v)
     if state is None:
         return False
+    if isinstance(value, _VARIABLES):     # as TensorFlow's conversion: its value, read now
+        value = _read_operand(value, watchers) if watchers() == operators.FREE else None
+        if value is None:
+            return False
     if type(value) is ops.EagerTensor:
         t = payload_of(value)
         if type(t) is not LazyTensor or t._node.sig != state._read.sig:

@@ -176,7 +176,8 @@ def _variable_numpy(original: Callable, value: Value) -> Callable:
 
 def _variable_update(original: Callable, op_type: str, update: Update) -> Callable:
     def method(self, value, use_locking=None, name=None, read_value=True):
-        if (type(value) is ops.EagerTensor or type(value) in NUMBERS) and \
+        if (type(value) is ops.EagerTensor or type(value) in NUMBERS or
+                isinstance(value, resource_variable_ops.BaseResourceVariable)) and \
                 update(op_type, self, value, watchers):
             # What TensorFlow's method returns eagerly: the variable to be read, or None.
             return self._lazy_read(None) if read_value else None

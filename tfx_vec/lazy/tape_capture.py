@@ -316,8 +316,7 @@ def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -
     (one lazy device tensor as target, a list or tuple of variables and eager tensors as
     sources, no output gradients, a tape that can compute now); ``None`` otherwise."""
     if output_gradients is not None or type(target) is not _ops.EagerTensor or \
-            tape._tape is None or (tape._recording and tape._persistent) or \
-            (type(sources) is not list and type(sources) is not tuple):
+            tape._tape is None or (tape._recording and tape._persistent):
         return None
     payload_of = _device.payload_of
     if type(payload_of(target)) is not LazyTensor:
@@ -350,25 +349,28 @@ def _plain_keras_variable() -> Any:
 
 
 def _gradient(original: Any) -> Any:
-    """``GradientTape.gradient`` with a short path for the plain case on the lazy device: the
-    same steps as TensorFlow's (pop the tape, ``imperative_grad``, release a non-persistent
-    tape) without its generic flattening, conversions and dtype logging, which cost more than
-    recording the gradient.  Every other call runs TensorFlow's own method."""
+    """``GradientTape.gradient`` with a short path for the plain case on the lazy device (one
+    source, or a list or tuple of them): the same steps as TensorFlow's (pop the tape,
+    ``imperative_grad``, release a non-persistent tape) without its generic flattening,
+    conversions and dtype logging, which cost more than recording the gradient.  Every other
+    call runs TensorFlow's own method."""
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        flat = _flat_sources(self, target, sources, output_gradients) if runtime.CONFIG.\
+        single = type(sources) is not list and type(sources) is not tuple
+        listed = [sources] if single else sources     # what TensorFlow's flatten makes of it
+        flat = _flat_sources(self, target, listed, output_gradients) if runtime.CONFIG.\
             record_calls else None
         if flat is None:
             return original(self, target, sources, output_gradients, unconnected_gradients)
         if self._recording:
             self._pop_tape()
         grads = _imperative_grad_module.imperative_grad(
-            self._tape, [target], flat, output_gradients=None, sources_raw=list(sources),
+            self._tape, [target], flat, output_gradients=None, sources_raw=list(listed),
             unconnected_gradients=unconnected_gradients)
         if not self._persistent:
             self._watched_variables = self._tape.watched_variables()
             self._tape = None
-        return type(sources)(grads)
+        return grads[0] if single else type(sources)(grads)
     gradient.__wrapped__ = original
     gradient.__doc__ = original.__doc__
     return gradient
