@@ -125,8 +125,8 @@ def test_a_repeated_call_skips_tensorflows_wrappers(monkeypatch):
 def test_tensorflows_path_where_the_device_does_not_answer():
     """A tensor argument, an integer tensor, a keyword tensor, another device's scope, a
     graph being built: TensorFlow's own path, with the eager results and placements; a
-    function that transposes, and one tensor passed twice then two tensors: the eager
-    results."""
+    function that transposes, and one value passed twice (the same tensor, two tensors of one
+    value, a variable and its read) then two values: the eager results."""
     rng = np.random.default_rng(11)
     x0 = random_array(rng, (3, 4))
 
@@ -137,14 +137,21 @@ def test_tensorflows_path_where_the_device_does_not_answer():
     def run(on_device):
         x = tf.constant(x0) * 1.0
         i = tf.constant([[1, 2], [3, 4]]) + 0
-        sq, sq2 = x[:, :3] * 1.0, x[:, 1:] * 2.0     # the same tensor twice, then two
+        sq, sq2 = x[:, :3] * 1.0, x[:, 1:] * 2.0     # the same value twice, then two
+        nar, nar2 = x[:, :2] * 1.0, x[:, 2:] * 1.0
+        v = tf.Variable(x0[:, :3] * 3.0)
         out = []
         for _ in range(2):
             out += [tf.reduce_sum(x, tf.constant(1)), tf.reduce_max(i, 0),
                     tf.reshape(i, [4]), tf.reduce_mean(input_tensor=x, axis=0),
                     tf.reshape(x, tf.constant([4, 3])), tf.nn.log_softmax(x, axis=0),
                     tf.cast(i, tf.float32), traced(x),
-                    tf.matmul(sq, sq), tf.matmul(sq, sq2), tf.matmul(sq2, sq)]
+                    tf.matmul(sq, sq), tf.matmul(sq, sq2), tf.matmul(sq2, sq),
+                    # one value through two tensors, or a variable and its read, first
+                    tf.matmul(nar, tf.identity(nar), transpose_b=True),
+                    tf.matmul(nar, nar2, transpose_b=True),
+                    tf.matmul(v, v.read_value(), transpose_b=True),
+                    tf.matmul(v, sq2, transpose_b=True)]
             with tf.device("CPU:0"):
                 placed = tf.reduce_sum(x, 1)
             if on_device:

@@ -872,7 +872,7 @@ def _record_function(name: str, function: Callable, args: tuple,
     try:
         key = (name, tuple([_argument_key(v, found) for v in args]),
                tuple(sorted([(k, _argument_key(v, found)) for k, v in kwargs.items()])))
-    except TypeError:     # an argument that is not a plain value (a shape, a variable)
+    except TypeError:     # an argument that is not a plain value (a shape, an int tensor)
         return None
     if not any(on for _, _, on in found):
         return None       # no tensor of the device: TensorFlow's path, as outside it
@@ -881,8 +881,9 @@ def _record_function(name: str, function: Callable, args: tuple,
     if seen == operators.BLOCKED or ctx is None:
         return None
     tensors = [t for t, _, _ in found]
-    if len(found) > 1:    # which arguments are the same tensor: part of what was recorded
-        key += (tuple([next(j for j, u in enumerate(tensors) if u is t) for t in tensors]),)
+    if len(found) > 1:    # which arguments are the same value: part of what was recorded
+        places = [_place(*f) for f in found]
+        key += (tuple([places.index(p) for p in places]),)
     if key not in _templates:
         before = (metrics._counters["barriers"], READS[0], _host_runs[0])
         serial = next(ir.serials)
@@ -907,9 +908,9 @@ def _record_function(name: str, function: Callable, args: tuple,
 def _argument_key(value: Any, found: list) -> tuple:
     """A function argument as part of a key: a float tensor or variable of the device, or a
     float host tensor of rank 1 or more (a batch), by its signature (appended to ``found``), a
-    Python
-    value (a number, flag, name, dtype, or list of them) by its value and type (``np.int64``
-    axes give another constant than ``int`` ones); TypeError for anything else."""
+    Python value (a number, flag, name, dtype, or list of them) by its value and type
+    (``np.int64`` axes give another constant than ``int`` ones); TypeError for anything
+    else."""
     kind = type(value)
     if isinstance(value, _VARIABLES):   # read by TensorFlow's conversion: its current value
         state = _readable_state(value)
@@ -949,12 +950,10 @@ def _learn(found: list, serial: int, out: Any) -> _Template | None:
     t = payload_of(out) if type(out) is ops.EagerTensor else None
     if type(t) is not LazyTensor or t._node.serial < serial:
         return None
-    # a device argument is its node; a host argument, whichever data leaf holds its buffer
-    # (the device sees a new Python tensor sharing it); a tensor passed twice, its first place
-    # (the key says which arguments are the same)
+    # an argument's value passed twice: its first place (the key says which are the same)
     where: dict = {}
-    for k, (x, n, on) in enumerate(found):
-        where.setdefault(id(n) if on else _buffer(x), k)
+    for k, f in enumerate(found):
+        where.setdefault(_place(*f), k)
     done: dict = {}
     order: list = []
     stack = [(t._node, False)]
@@ -962,9 +961,9 @@ def _learn(found: list, serial: int, out: Any) -> _Template | None:
         n, ready = stack.pop()
         if id(n) in done:
             continue
-        k = where.get(id(n))
+        k = where.get(("node", id(n)))
         if k is None and n.op == "data" and n.serial >= serial:
-            k = where.get(_buffer(n.value))
+            k = where.get(("host", _buffer(n.value)))
         if k is not None:
             done[id(n)] = (_ARG, k)
         elif n.op in ("const", "scalar") or (n.op == "data" and n.serial >= serial):
@@ -987,6 +986,13 @@ def _learn(found: list, serial: int, out: Any) -> _Template | None:
         leaves.update((id(leaf), _leaf_tensor(leaf)) for kind, leaf in refs if kind is _LEAF)
         steps.append((recipe, refs, n.attrs[0], _tape_attrs(n.attrs[1])))
     return _Template(steps, leaves, all(attrs is not None for *_, attrs in steps))
+
+
+def _place(x: Any, n: Any, on_device: bool) -> tuple:
+    """Where an argument's value lives: a device argument in its node (two tensors, or a
+    variable and its read, may share one); a host argument in its buffer (the device sees a new
+    Python tensor sharing it)."""
+    return ("node", id(n)) if on_device else ("host", _buffer(x))
 
 
 def _buffer(t: tf.Tensor) -> tuple:
@@ -1069,10 +1075,9 @@ def _variable_value(v: Any) -> tf.Tensor | None:
 def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], int]) -> bool:
     """``v.assign(value)`` (``op_type``: its op, or the ``_add``/``_sub`` one's) of a device
     variable and a device tensor or variable of its shape and dtype, or of a number when the
-    variable is a
-    scalar (a step counter's ``assign_add(1)``), substituted as :func:`_assign` does but
-    without TensorFlow's op wrappers, when nothing else watches it (``watchers``); False when
-    not done (TensorFlow's path)."""
+    variable is a scalar (a step counter's ``assign_add(1)``), substituted as :func:`_assign`
+    does but without TensorFlow's op wrappers, when nothing else watches it (``watchers``);
+    False when not done (TensorFlow's path)."""
     state = _variable_state(v)
     if state is None:
         return False
