@@ -253,3 +253,60 @@ def test_variable_arguments_are_read_when_called_and_give_eager_gradients():
     eager, lz, metrics = eager_then_lazy(run)
     _assert_like_eager(lz, eager, 1e-5)
     assert metrics["tape_recorded"] == 3
+
+
+# Random programs of the functions on square matrices (so every map keeps the shape): each
+# step maps one earlier value (and maybe a second one, or the host batch) to a new one, or
+# reduces one to an output; the values change every round, a variable is updated between.
+_MAPS = [
+    lambda a, b, h: tf.sigmoid(a), lambda a, b, h: tf.abs(a),
+    lambda a, b, h: tf.math.log_sigmoid(a), lambda a, b, h: tf.nn.softmax(a),
+    lambda a, b, h: tf.nn.log_softmax(a, axis=0), lambda a, b, h: tf.transpose(a),
+    lambda a, b, h: tf.matmul(a, b), lambda a, b, h: tf.matmul(a, h, transpose_a=True),
+    lambda a, b, h: tf.reshape(tf.reshape(a, [-1]), tf.shape(a).numpy().tolist()),
+    lambda a, b, h: tf.squeeze(tf.expand_dims(a, 0), [0]),
+    lambda a, b, h: tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.sigmoid(b), logits=a),
+    lambda a, b, h: tf.nn.sigmoid_cross_entropy_with_logits(labels=h, logits=a),
+]
+_REDUCE = [tf.reduce_sum, tf.reduce_mean, tf.reduce_max, tf.reduce_min,
+           tf.math.reduce_logsumexp, tf.math.reduce_std]
+_AXES = [None, 0, 1, -1, [0, 1]]
+
+
+@settings(max_examples=8, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, len(_MAPS) + len(_REDUCE) - 1),
+                                st.integers(0, 50), st.integers(0, 50),
+                                st.integers(0, len(_AXES) - 1), st.booleans()),
+                      min_size=2, max_size=8),
+       n=st.integers(2, 4), seed=st.integers(0, 2 ** 16))
+def test_random_programs_of_the_functions_give_the_eager_values_and_gradients(steps, n, seed):
+    rng = np.random.default_rng(seed)
+    data = [random_array(rng, (n, n)) for _ in range(7)]
+
+    def run(on_device):
+        v = tf.Variable(data[0])
+        out = []
+        for r in range(3):                 # new values every round: nothing may be baked
+            x = tf.constant(data[1 + r]) * 1.0
+            with tf.device("CPU:0"):
+                h = tf.constant(data[4 + r])
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                values, outputs = [x, v * 1.0], []
+                for op, i, j, axis, keepdims in steps:
+                    a, b = values[i % len(values)], values[j % len(values)]
+                    if op < len(_MAPS):
+                        values.append(_MAPS[op](a, b, h))
+                    else:
+                        outputs.append(_REDUCE[op - len(_MAPS)](a, _AXES[axis], keepdims))
+                loss = tf.add_n([tf.reduce_sum(o) for o in outputs + values[2:]] +
+                                [tf.reduce_sum(v)])
+            out += [loss, *tape.gradient(loss, [v, x], unconnected_gradients="zero"),
+                    *outputs, *values[2:]]
+            v.assign_add(x * 0.1)
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, _ = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-4)
