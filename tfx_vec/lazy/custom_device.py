@@ -1021,7 +1021,10 @@ def _leaf_tensor(leaf: Node) -> tf.Tensor:
     if leaf.op == "data":
         return leaf.value
     value, dtype = (leaf.attrs if leaf.op == "const" else (leaf.value, leaf.dtype))
-    return _host_constant(np.array(value, (dtype or tf.float32).as_numpy_dtype))
+    if dtype is None:           # a Python value: converted as TensorFlow converts it
+        with ops.device(HOST):
+            return tf.constant(value)
+    return _host_constant(np.array(value, dtype.as_numpy_dtype))
 
 
 # }}}
@@ -1079,10 +1082,10 @@ def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], in
     does but without TensorFlow's op wrappers, when nothing else watches it (``watchers``);
     False when not done (TensorFlow's path)."""
     state = _variable_state(v)
-    if state is None:
+    if state is None or watchers() != operators.FREE or _reaching_device() is None:
         return False
     if isinstance(value, _VARIABLES):     # as TensorFlow's conversion: its value, read now
-        value = _read_operand(value, watchers) if watchers() == operators.FREE else None
+        value = _read_operand(value, watchers)
         if value is None:
             return False
     if type(value) is ops.EagerTensor:
@@ -1094,8 +1097,6 @@ def _update_variable(op_type: str, v: Any, value: Any, watchers: Callable[[], in
         node = _number_node(value, state)
         if node is None:
             return False
-    if watchers() != operators.FREE or _reaching_device() is None:
-        return False
     _update(state, op_type, node)
     return True
 

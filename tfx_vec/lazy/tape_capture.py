@@ -312,8 +312,8 @@ def check_barrier() -> None:
 
 
 def _flat_sources(tape: Any, target: Any, sources: Any, output_gradients: Any) -> Any:
-    """The flat sources of ``tape.gradient(target, sources)`` when the call is the plain case
-    (one lazy device tensor as target, a list or tuple of variables and eager tensors as
+    """The flat sources of ``tape.gradient(target, sources)`` (``sources`` listed) when the
+    call is the plain case (one lazy device tensor as target, variables and eager tensors as
     sources, no output gradients, a tape that can compute now); ``None`` otherwise."""
     if output_gradients is not None or type(target) is not _ops.EagerTensor or \
             tape._tape is None or (tape._recording and tape._persistent):
