@@ -8,10 +8,11 @@ import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tensorflow.python.ops import gen_array_ops, gen_math_ops
+from tensorflow.python.ops import gen_array_ops, gen_math_ops, gen_nn_ops
 
 from tests.support import eager_then_lazy, random_array
 from tfx_vec import lazy
+from tfx_vec.lazy import api_functions
 from tfx_vec.lazy.api_functions import FUNCTIONS
 
 # Calls on a [2, 3, 4] tensor (and a host batch ``h`` of its shape): every function, several
@@ -259,14 +260,17 @@ def test_variable_arguments_are_read_when_called_and_give_eager_gradients():
 # step maps one earlier value (and maybe a second one, or the host batch) to a new one, or
 # reduces one to an output; the values change every round, a variable is updated between.
 _MAPS = [
-    lambda a, b, h: tf.sigmoid(a), lambda a, b, h: tf.abs(a),
-    lambda a, b, h: tf.math.log_sigmoid(a), lambda a, b, h: tf.nn.softmax(a),
-    lambda a, b, h: tf.nn.log_softmax(a, axis=0), lambda a, b, h: tf.transpose(a),
-    lambda a, b, h: tf.matmul(a, b), lambda a, b, h: tf.matmul(a, h, transpose_a=True),
-    lambda a, b, h: tf.reshape(tf.reshape(a, [-1]), tf.shape(a).numpy().tolist()),
-    lambda a, b, h: tf.squeeze(tf.expand_dims(a, 0), [0]),
-    lambda a, b, h: tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.sigmoid(b), logits=a),
-    lambda a, b, h: tf.nn.sigmoid_cross_entropy_with_logits(labels=h, logits=a),
+    lambda a, b, h, l: tf.sigmoid(a), lambda a, b, h, l: tf.abs(a),
+    lambda a, b, h, l: tf.math.log_sigmoid(a), lambda a, b, h, l: tf.nn.softmax(a),
+    lambda a, b, h, l: tf.nn.log_softmax(a, axis=0), lambda a, b, h, l: tf.transpose(a),
+    lambda a, b, h, l: tf.matmul(a, b), lambda a, b, h, l: tf.matmul(a, h, transpose_a=True),
+    lambda a, b, h, l: tf.reshape(tf.reshape(a, [-1]), tf.shape(a).numpy().tolist()),
+    lambda a, b, h, l: tf.squeeze(tf.expand_dims(a, 0), [0]),
+    lambda a, b, h, l: tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.sigmoid(b), logits=a),
+    lambda a, b, h, l: tf.nn.sigmoid_cross_entropy_with_logits(labels=h, logits=a),
+    lambda a, b, h, l: a * tf.expand_dims(tf.nn.softmax_cross_entropy_with_logits(
+        labels=tf.nn.softmax(b), logits=a), 1),
+    lambda a, b, h, l: tf.expand_dims(tf.nn.sparse_softmax_cross_entropy_with_logits(l, a), 0) + b,
 ]
 _REDUCE = [tf.reduce_sum, tf.reduce_mean, tf.reduce_max, tf.reduce_min,
            tf.math.reduce_logsumexp, tf.math.reduce_std]
@@ -282,6 +286,7 @@ _AXES = [None, 0, 1, -1, [0, 1]]
 def test_random_programs_of_the_functions_give_the_eager_values_and_gradients(steps, n, seed):
     rng = np.random.default_rng(seed)
     data = [random_array(rng, (n, n)) for _ in range(7)]
+    rng_labels = [rng.integers(0, n, n) for _ in range(3)]   # int64 label batches
 
     def run(on_device):
         v = tf.Variable(data[0])
@@ -290,13 +295,14 @@ def test_random_programs_of_the_functions_give_the_eager_values_and_gradients(st
             x = tf.constant(data[1 + r]) * 1.0
             with tf.device("CPU:0"):
                 h = tf.constant(data[4 + r])
+                l = tf.constant(rng_labels[r])
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 values, outputs = [x, v * 1.0], []
                 for op, i, j, axis, keepdims in steps:
                     a, b = values[i % len(values)], values[j % len(values)]
                     if op < len(_MAPS):
-                        values.append(_MAPS[op](a, b, h))
+                        values.append(_MAPS[op](a, b, h, l))
                     else:
                         outputs.append(_REDUCE[op - len(_MAPS)](a, _AXES[axis], keepdims))
                 loss = tf.add_n([tf.reduce_sum(o) for o in outputs + values[2:]] +
@@ -310,3 +316,78 @@ def test_random_programs_of_the_functions_give_the_eager_values_and_gradients(st
 
     eager, lz, _ = eager_then_lazy(run)
     _assert_like_eager(lz, eager, 1e-4)
+
+
+def _cross_entropies(on_device, labels_dtype, rounds=3):
+    """Both softmax cross-entropies on logits of the device, a new host batch of labels (and of
+    class probabilities) every round, under a tape: values, the recorded gradient and
+    TensorFlow's own backward."""
+    rng = np.random.default_rng(17)
+    w = tf.Variable(random_array(rng, (5, 4)))
+    x = tf.constant(random_array(rng, (6, 5))) * 1.0
+    with tf.device("CPU:0"):
+        labels = [tf.constant(rng.integers(0, 4, 6), labels_dtype) for _ in range(rounds)]
+        probs = [tf.nn.softmax(tf.constant(random_array(rng, (6, 4)))) for _ in range(rounds)]
+        labels3 = [tf.constant(rng.integers(0, 4, (2, 3)), labels_dtype) for _ in range(rounds)]
+    out = []
+    for y, p, y3 in zip(labels, probs, labels3):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            logits = tf.matmul(x, w)
+            sparse = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+            dense = tf.nn.softmax_cross_entropy_with_logits(labels=p, logits=logits)
+            rank3 = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y3, logits=tf.reshape(logits, [2, 3, 4]))
+            loss = tf.reduce_mean(sparse) + tf.reduce_sum(dense * dense) + \
+                tf.reduce_sum(rank3)
+        out += [sparse, dense, rank3, loss, tape.gradient(loss, w),
+                *tape.gradient([sparse, dense], [w, x])]
+    if on_device:
+        lazy.mark_step()
+    return [o.numpy() for o in out]
+
+
+@pytest.mark.parametrize("labels_dtype", [tf.int32, tf.int64])
+def test_cross_entropies_take_new_label_batches_every_call(labels_dtype, monkeypatch):
+    """The labels are host batches whose values change every call: a replay takes each as it
+    comes (none is baked), with the eager values and gradients, and skips TensorFlow's
+    wrappers after the first call."""
+    eager, lz, metrics = eager_then_lazy(lambda on: _cross_entropies(on, labels_dtype))
+    _assert_like_eager(lz, eager, 1e-5)
+    assert not any(k.startswith("fallback") for k in metrics)
+    seen = []
+    original = gen_nn_ops.sparse_softmax_cross_entropy_with_logits
+    monkeypatch.setattr(gen_nn_ops, "sparse_softmax_cross_entropy_with_logits",
+                        lambda *a, **k: seen.append(1) or original(*a, **k))
+    with lazy.device():
+        _cross_entropies(True, labels_dtype, rounds=4)
+    # the rank-2 call replays what the first pass learnt; the rank-3 call flattens its
+    # labels on the host (a fold of their values, which a template would bake): TensorFlow's
+    # path every round
+    assert len(seen) == 4
+
+
+def test_an_index_argument_whose_value_is_folded_or_baked_is_not_learnt(monkeypatch):
+    """Were a function whose integer argument becomes a constant (a shape, a permutation, an
+    axis) taken as one taking labels, the first call's values would be baked into its
+    template: such a call is never learnt, so later values give the eager results."""
+    monkeypatch.setattr(api_functions, "INDEX_ARGUMENTS", api_functions.INDEX_ARGUMENTS | {
+        "reshape", "transpose", "reduce_sum", "argmax"})
+    rng = np.random.default_rng(19)
+    x0 = random_array(rng, (3, 3))
+
+    def run(on_device):
+        x = tf.constant(x0) * 1.0
+        out = []
+        with tf.device("CPU:0"):
+            shapes = [tf.constant(s) for s in ([9, 1], [1, 9], [3, 3])]
+            perms = [tf.constant(p) for p in ([1, 0], [0, 1], [1, 0])]
+            axes = [tf.constant(a) for a in ([1], [0], [1])]
+        for shape, perm, axis in zip(shapes, perms, axes):
+            out += [tf.reshape(x, shape), tf.transpose(x, perm), tf.reduce_sum(x, axis)]
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, _ = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-6)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import tensorflow as tf
 from tensorflow.python.ops import array_ops, linalg_ops, math_ops, nn_impl, nn_ops
 
-__all__ = ["install", "FUNCTIONS"]
+__all__ = ["install", "FUNCTIONS", "INDEX_ARGUMENTS"]
 
 # TensorFlow API function -> (TensorFlow's module defining it, its name there)
 FUNCTIONS = {
@@ -59,7 +59,14 @@ FUNCTIONS = {
     "nn.softmax": (nn_ops, "softmax_v2"), "nn.log_softmax": (nn_ops, "log_softmax_v2"),
     "nn.l2_loss": (nn_ops, "l2_loss"),
     "nn.sigmoid_cross_entropy_with_logits": (nn_impl, "sigmoid_cross_entropy_with_logits_v2"),
+    "nn.softmax_cross_entropy_with_logits": (nn_ops, "softmax_cross_entropy_with_logits_v2"),
+    "nn.sparse_softmax_cross_entropy_with_logits":
+        (nn_ops, "sparse_softmax_cross_entropy_with_logits_v2"),
 }
+# The functions whose integer tensor arguments (host batches of labels) TensorFlow's path only
+# passes to ops as data (never reads in Python): a template takes them by signature, like a
+# float batch.
+INDEX_ARGUMENTS = frozenset({"nn.sparse_softmax_cross_entropy_with_logits"})
 # ``record(function name, TensorFlow's function, positional arguments, keyword arguments)``:
 # the device's answer (after calling the function itself, where it learns from that), or None
 # for TensorFlow's path.

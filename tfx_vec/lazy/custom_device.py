@@ -566,6 +566,7 @@ def _bake(x: Any, n: Node, op: raw.RawOp, position: int) -> Node:
         v = value(x, f"compile-time constant input {position} of {op.type}")
     else:
         v = runtime._eager_value(n)
+        _note_value_use([v])
     arr = v.numpy()
     return _const(_freeze_array(arr), n.dtype)
 
@@ -628,6 +629,8 @@ def _execute(op_type: str, attrs: bytes, inputs: tuple, cap: Any) -> list:
             return recipe.specs(tuple(nodes))
         positions = _baked_positions.get(key[:2]) if host else None
         if positions is not None:
+            if _value_guard[0] is not None:
+                _note_value_use([nodes[p] for p in positions])
             hit = _baked_recipes.get(_baked_key(key, positions, nodes))
             if hit is not None:
                 recipe, consts = hit
@@ -798,14 +801,15 @@ def _emit(found: tuple, op_type: str, nodes: tuple, seen: int,
     (spec,) = recipe.specs(nodes)
     out = _native[0].make_tensor(ctx._handle, DEVICE_NAME, spec)
     if seen == operators.TAPED:
-        _record_gradient(op_type, tape_inputs(), _T_ATTRS[nodes[0].sig[1]], out)
+        _record_gradient(op_type, tape_inputs(), _T_ATTRS[nodes[0].sig[1]], [out])
     return out
 
 
-def _record_gradient(op_type: str, inputs: list, attrs: tuple, out: tf.Tensor) -> None:
-    """Give the recording gradient tapes and forward accumulators the op, as TensorFlow's eager
-    fast path gives it to them (the generated op functions' ``record_gradient``)."""
-    pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, [out], ops.get_name_scope())
+def _record_gradient(op_type: str, inputs: list, attrs: tuple, outs: list) -> None:
+    """Give the recording gradient tapes and forward accumulators the op (its output tensors
+    ``outs``), as TensorFlow's eager fast path gives it to them (the generated op functions'
+    ``record_gradient``)."""
+    pywrap_tfe.TFE_Py_RecordGradient(op_type, inputs, attrs, outs, ops.get_name_scope())
 
 
 # {{{ TensorFlow API functions from what their first call recorded (api_functions.py)
@@ -815,38 +819,44 @@ class _Template:
     call with the same arguments (their signatures, the other arguments' values).
 
     ``steps``: per op, in order, ``(recipe, input refs, op type, tape attrs)``; an input ref is
-    ``(ARG, k)`` (the ``k``-th tensor argument), ``(STEP, j)`` (an earlier step's output) or
-    ``(LEAF, node)`` (a constant or host value the function made itself, the same every call).
-    ``tape_leaves``: each leaf ref's host tensor, as the tape gets it.  The last step's output is
-    the function's result."""
+    ``(ARG, k)`` (the ``k``-th tensor argument), ``(STEP, (j, i))`` (output ``i`` of step
+    ``j``) or ``(LEAF, node)`` (a constant or host value the function made itself, the same
+    every call).  ``tape_leaves``: each leaf ref's host tensor, as the tape gets it.
+    ``result``: the step output the function returns, ``(j, i)``."""
 
-    __slots__ = ("steps", "tape_leaves", "taped")
+    __slots__ = ("steps", "tape_leaves", "taped", "result")
 
-    def __init__(self, steps: list, tape_leaves: dict, taped: bool):
+    def __init__(self, steps: list, tape_leaves: dict, taped: bool, result: tuple):
         self.steps = steps
         self.tape_leaves = tape_leaves
         self.taped = taped            # every op's attrs are ones a tape can be given
+        self.result = result
 
     def replay(self, args: list, nodes: list, seen: int, ctx: Any) -> tf.Tensor:
         """The function's result recorded on the tensor arguments ``args`` (their ``nodes``),
-        each op given to recording tapes (``seen``) as TensorFlow's fast path gives it."""
-        outs: list = []
-        tensors: list = []
+        each op given to recording tapes (``seen``) as TensorFlow's fast path gives it (with
+        all its outputs, as tensors)."""
+        outs: list = []       # per step, its output nodes
+        tensors: list = []    # per step, its output tensors (made for the tapes only)
         make, handle = _native[0].make_tensor, ctx._handle
-        last = len(self.steps) - 1
-        for i, (recipe, refs, op_type, attrs) in enumerate(self.steps):
-            (node,) = recipe.nodes(tuple([
-                nodes[k] if kind is _ARG else outs[k] if kind is _STEP else k
+        taped = seen == operators.TAPED
+        for recipe, refs, op_type, attrs in self.steps:
+            produced = recipe.nodes(tuple([
+                nodes[k] if kind is _ARG else outs[k[0]][k[1]] if kind is _STEP else k
                 for kind, k in refs]))
-            outs.append(node)
-            if seen == operators.TAPED or i == last:
-                tensors.append(make(handle, DEVICE_NAME,
-                                    (LazyTensor._recorded(node), node.sig[1], node.shape)))
-            if seen == operators.TAPED:
+            outs.append(produced)
+            if taped:
+                made = [make(handle, DEVICE_NAME, (LazyTensor._recorded(n), n.sig[1], n.shape))
+                        for n in produced]
+                tensors.append(made)
                 _record_gradient(op_type, [
-                    args[k] if kind is _ARG else tensors[k] if kind is _STEP
-                    else self.tape_leaves[id(k)] for kind, k in refs], attrs, tensors[-1])
-        return tensors[-1]
+                    args[k] if kind is _ARG else tensors[k[0]][k[1]] if kind is _STEP
+                    else self.tape_leaves[id(k)] for kind, k in refs], attrs, made)
+        j, i = self.result
+        if taped:
+            return tensors[j][i]
+        n = outs[j][i]
+        return make(handle, DEVICE_NAME, (LazyTensor._recorded(n), n.sig[1], n.shape))
 
 
 _ARG, _STEP, _LEAF = "arg", "step", "leaf"
@@ -856,6 +866,20 @@ _templates: dict = {}
 _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
                              dtypes.DType})
 _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
+_INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
+# While a first call learns: the host buffers of its integer tensor arguments.  Their values
+# may differ next call, so a fold or bake of one (which a template would repeat as a
+# constant) counts as a host run: the call is not learnt.
+_value_guard: list = [None]
+
+
+def _note_value_use(tensors: Any) -> None:
+    """A host computation or constant is being made of the values of host ``tensors``: when
+    one is an integer argument of a function call being learnt, that call is not learnt."""
+    guard = _value_guard[0]
+    if guard is not None and any(type(x) is ops.EagerTensor and _buffer(x) in guard
+                                 for x in tensors):
+        _host_runs[0] += 1
 _VARIABLES = resource_variable_ops.BaseResourceVariable
 
 
@@ -870,8 +894,9 @@ def _record_function(name: str, function: Callable, args: tuple,
         return None       # no tensor of the device (eager code): nothing more to check
     found: list = []      # (tensor or variable, its node or host signature, on the device)
     try:
-        key = (name, tuple([_argument_key(v, found) for v in args]),
-               tuple(sorted([(k, _argument_key(v, found)) for k, v in kwargs.items()])))
+        indices = name in api_functions.INDEX_ARGUMENTS
+        key = (name, tuple([_argument_key(v, found, indices) for v in args]),
+               tuple(sorted([(k, _argument_key(v, found, indices)) for k, v in kwargs.items()])))
     except TypeError:     # an argument that is not a plain value (a shape, an int tensor)
         return None
     if not any(on for _, _, on in found):
@@ -887,13 +912,21 @@ def _record_function(name: str, function: Callable, args: tuple,
     if key not in _templates:
         before = (metrics._counters["barriers"], READS[0], _host_runs[0])
         serial = next(ir.serials)
-        out = function(*args, **kwargs)
+        guarded = _value_guard[0]
+        if indices:
+            _value_guard[0] = (guarded or frozenset()) | {
+                _buffer(t) for t, sig, on in found if not on and sig[1] in _INDEX_ENUMS}
+        try:
+            out = function(*args, **kwargs)
+        finally:
+            _value_guard[0] = guarded
         if before == (metrics._counters["barriers"], READS[0], _host_runs[0]):
             if len(_templates) >= raw.SPECS_MAX:
                 _templates.clear()
             _templates[key] = _learn(found, serial, out)
-        # else a barrier, a value read or a host op ran inside (a forward accumulator's
-        # derivative, a graph-size cut): learnt from a later call
+        # else a barrier, a value read, a host op or a host computation on an index
+        # argument's values ran inside (a forward accumulator's derivative, a graph-size cut):
+        # learnt from a later call
         return out
     template = _templates[key]
     if template is None or (seen == operators.TAPED and not template.taped):
@@ -905,12 +938,12 @@ def _record_function(name: str, function: Callable, args: tuple,
                            seen, ctx)
 
 
-def _argument_key(value: Any, found: list) -> tuple:
+def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
     """A function argument as part of a key: a float tensor or variable of the device, or a
-    float host tensor of rank 1 or more (a batch), by its signature (appended to ``found``), a
-    Python value (a number, flag, name, dtype, or list of them) by its value and type
-    (``np.int64`` axes give another constant than ``int`` ones); TypeError for anything
-    else."""
+    float host tensor of rank 1 or more (a batch; with ``indices``, an int32/int64 one too: a
+    batch of labels), by its signature (appended to ``found``), a Python value (a number,
+    flag, name, dtype, or list of them) by its value and type (``np.int64`` axes give another
+    constant than ``int`` ones); TypeError for anything else."""
     kind = type(value)
     if isinstance(value, _VARIABLES):   # read by TensorFlow's conversion: its current value
         state = _readable_state(value)
@@ -930,7 +963,8 @@ def _argument_key(value: Any, found: list) -> tuple:
             found.append((value, sig, False))
         else:
             raise TypeError(kind)
-        if sig[1] not in _OPERATOR_ENUMS:
+        if sig[1] not in _OPERATOR_ENUMS and not (
+                indices and t is None and sig[1] in _INDEX_ENUMS):
             raise TypeError(kind)
         return "tensor", t is not None, sig
     if kind in _ARGUMENT_TYPES:
@@ -943,10 +977,10 @@ def _argument_key(value: Any, found: list) -> tuple:
 def _learn(found: list, serial: int, out: Any) -> _Template | None:
     """The template of what a function call just recorded (``out``, its result; nodes made
     after creation stamp ``serial``) on its tensor arguments ``found``, or None where a
-    replay could differ: a result that is not a new op's single output, an input from outside
-    the call (a tensor recorded before it, a variable, a value computed before it), an op of
-    several outputs.  A host value made inside the call (``tf.zeros_like``'s zeros, a
-    shape) is a leaf of the template: these functions make them from shapes and dtypes."""
+    replay could differ: a result that is not an output of a new op, an input from outside
+    the call (a tensor recorded before it, a variable, a value computed before it).  A host
+    value made inside the call (``tf.zeros_like``'s zeros, a shape) is a leaf of the
+    template: these functions make them from shapes and dtypes."""
     t = payload_of(out) if type(out) is ops.EagerTensor else None
     if type(t) is not LazyTensor or t._node.serial < serial:
         return None
@@ -968,11 +1002,15 @@ def _learn(found: list, serial: int, out: Any) -> _Template | None:
             done[id(n)] = (_ARG, k)
         elif n.op in ("const", "scalar") or (n.op == "data" and n.serial >= serial):
             done[id(n)] = (_LEAF, n)      # a constant or host value made inside the call
-        elif n.op != "raw" or n.serial < serial:
+        elif n.op not in ("raw", "out") or n.serial < serial:
             return None
         elif ready:
-            done[id(n)] = (_STEP, len(order))
-            order.append(n)
+            if n.op == "out":             # output i of an op of several: that op's step's
+                (j, _) = done[id(n.inputs[0])][1]
+                done[id(n)] = (_STEP, (j, n.attrs[0]))
+            else:
+                done[id(n)] = (_STEP, (len(order), 0))
+                order.append(n)
         else:
             stack.append((n, True))
             stack.extend((x, False) for x in reversed(n.inputs))
@@ -980,12 +1018,13 @@ def _learn(found: list, serial: int, out: Any) -> _Template | None:
     leaves: dict = {}
     for n in order:
         recipe = _recipes.get((*n.attrs, *map(_recipe_sig, n.inputs)))
-        if recipe is None or recipe.single is None:
+        if recipe is None:
             return None
         refs = tuple([done[id(x)] for x in n.inputs])
         leaves.update((id(leaf), _leaf_tensor(leaf)) for kind, leaf in refs if kind is _LEAF)
         steps.append((recipe, refs, n.attrs[0], _tape_attrs(n.attrs[1])))
-    return _Template(steps, leaves, all(attrs is not None for *_, attrs in steps))
+    return _Template(steps, leaves, all(attrs is not None for *_, attrs in steps),
+                     done[id(t._node)][1])
 
 
 def _place(x: Any, n: Any, on_device: bool) -> tuple:
@@ -1058,7 +1097,7 @@ def _read_operand(v: Any, watchers: Callable[[], int]) -> tf.Tensor | None:
     out = make_tensor(LazyTensor(state._node))
     if seen == operators.TAPED:
         _record_gradient("ReadVariableOp", [v._handle], ("dtype", state.dtype.as_datatype_enum),
-                         out)
+                         [out])
     return out
 
 
@@ -1137,7 +1176,9 @@ def _fold(op: raw.RawOp, nodes: list, cap: Any) -> list:
     """Evaluate an integer op on small values known on the host now (its outputs are host
     tensors, so the shapes they make stay static)."""
     metrics.bump(f"folded::{op.type}")
-    return _host_run(cap, [runtime._eager_value(n) for n in nodes], HOST)
+    values = [runtime._eager_value(n) for n in nodes]
+    _note_value_use(values)
+    return _host_run(cap, values, HOST)
 
 
 _DATA_FETCH = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
