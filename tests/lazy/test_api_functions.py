@@ -37,6 +37,9 @@ CALLS = [
     lambda x, h: tf.nn.sigmoid_cross_entropy_with_logits(labels=h, logits=x),
     lambda x, h: tf.nn.sigmoid_cross_entropy_with_logits(x, h),
     lambda x, h: tf.matmul(x, x, transpose_b=True),   # one tensor twice: TensorFlow's path
+    lambda x, h: x[0], lambda x, h: x[:, 1:], lambda x, h: x[..., 0], lambda x, h: x[1, :, None],
+    lambda x, h: x[::-1, -2:, np.int64(1)], lambda x, h: x[-1, 2, 3],
+    lambda x, h: h[1] * x[0],                          # a host batch sliced on the device
 ]
 
 
@@ -92,7 +95,8 @@ def test_a_repeated_call_skips_tensorflows_wrappers(monkeypatch):
     seen = []
     for module, name in [(gen_math_ops, "mean"), (gen_array_ops, "reshape"),
                          (gen_math_ops, "sigmoid"), (gen_array_ops, "transpose"),
-                         (gen_math_ops, "log1p"), (gen_math_ops, "mat_mul")]:
+                         (gen_math_ops, "log1p"), (gen_math_ops, "mat_mul"),
+                         (gen_array_ops, "strided_slice")]:
         original = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *a, _o=original, **k: seen.append(1) or _o(*a, **k))
@@ -104,7 +108,7 @@ def test_a_repeated_call_skips_tensorflows_wrappers(monkeypatch):
         for k in range(4):
             with tf.GradientTape() as tape:
                 tape.watch(x)
-                y = tf.sigmoid(tf.transpose(tf.reshape(x, [1, 4])))
+                y = tf.sigmoid(tf.transpose(tf.reshape(x, [1, 4])))[:, ::-1][..., ::-1]
                 z = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=y)
                 loss = tf.reduce_mean(tf.matmul(z, y, transpose_a=True))
             results.append((loss, tape.gradient(loss, x)))
@@ -182,8 +186,12 @@ def test_the_functions_keep_tensorflows_names_documents_and_signatures():
         assert inspect.signature(public) == inspect.signature(original.__wrapped__) or \
             inspect.signature(public) == inspect.signature(original)
         assert public.__doc__ == original.__doc__ and public.__name__ == original.__name__
+    for name, (cls, attribute) in api_functions.METHODS.items():
+        public, original = getattr(type(tf.constant(0.0)), attribute), getattr(cls, attribute)
+        assert public.__doc__ == original.__doc__ and public.__name__ == original.__name__
     x = tf.constant([[1.0, 2.0]])              # eager tensors off the device: TensorFlow's
     assert tf.reduce_sum(x).numpy() == 3.0 and not x.device.endswith("LAZY:0")
+    assert x[0, 1].numpy() == 2.0 and not x[0].device.endswith("LAZY:0")
 
 
 _SHAPES = st.lists(st.integers(1, 4), min_size=0, max_size=3)
@@ -270,7 +278,9 @@ _MAPS = [
     lambda a, b, h, l: tf.nn.sigmoid_cross_entropy_with_logits(labels=h, logits=a),
     lambda a, b, h, l: a * tf.expand_dims(tf.nn.softmax_cross_entropy_with_logits(
         labels=tf.nn.softmax(b), logits=a), 1),
-    lambda a, b, h, l: tf.expand_dims(tf.nn.sparse_softmax_cross_entropy_with_logits(l, a), 0) + b,
+    lambda a, b, h, l: b + tf.expand_dims(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(l, a), 0),
+    lambda a, b, h, l: a[::-1] * h[0] + b[:, -1:],
 ]
 _REDUCE = [tf.reduce_sum, tf.reduce_mean, tf.reduce_max, tf.reduce_min,
            tf.math.reduce_logsumexp, tf.math.reduce_std]

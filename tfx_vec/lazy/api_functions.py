@@ -38,9 +38,10 @@ import functools
 from typing import Any, Callable
 
 import tensorflow as tf
+from tensorflow.python.framework import ops, tensor as tensor_lib
 from tensorflow.python.ops import array_ops, linalg_ops, math_ops, nn_impl, nn_ops
 
-__all__ = ["install", "FUNCTIONS", "INDEX_ARGUMENTS"]
+__all__ = ["install", "FUNCTIONS", "METHODS", "INDEX_ARGUMENTS"]
 
 # TensorFlow API function -> (TensorFlow's module defining it, its name there)
 FUNCTIONS = {
@@ -63,6 +64,11 @@ FUNCTIONS = {
     "nn.sparse_softmax_cross_entropy_with_logits":
         (nn_ops, "sparse_softmax_cross_entropy_with_logits_v2"),
 }
+# Tensor methods -> (TensorFlow's class defining them, the name there): installed on eager
+# tensors.  ``x[0]``, ``x[:, 1:]``: TensorFlow's slicing builds its begin, end and strides
+# from the Python index through about 80 µs of Python (a loss picking a column, a step taking
+# the first row of a batch).
+METHODS = {"Tensor.__getitem__": (tensor_lib.Tensor, "__getitem__")}
 # The functions whose integer tensor arguments (host batches of labels) TensorFlow's path only
 # passes to ops as data (never reads in Python): a template takes them by signature, like a
 # float batch.
@@ -82,7 +88,8 @@ def _api_modules() -> list:
 
 def install(record: Record) -> None:
     """Replace each function of :data:`FUNCTIONS`, under every name a module of TensorFlow's
-    API holds it by, by a wrapper that calls ``record`` first (idempotent)."""
+    API holds it by, and each method of :data:`METHODS` on eager tensors, by a wrapper that
+    calls ``record`` first (idempotent)."""
     if _installed[0]:
         return
     _installed[0] = True
@@ -94,6 +101,8 @@ def install(record: Record) -> None:
             for held, value in list(vars(module).items()):
                 if value is original:
                     setattr(module, held, wrapper)
+    for name, (cls, attribute) in METHODS.items():
+        setattr(ops.EagerTensor, attribute, _wrapper(name, getattr(cls, attribute), record))
 
 
 def _wrapper(name: str, original: Callable, record: Record) -> Callable:

@@ -864,7 +864,7 @@ _ARG, _STEP, _LEAF = "arg", "step", "leaf"
 # a template cannot replay
 _templates: dict = {}
 _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
-                             dtypes.DType})
+                             dtypes.DType, type(Ellipsis)})
 _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
 _INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
 # While a first call learns: the host buffers of its integer tensor arguments.  Their values
@@ -890,8 +890,9 @@ def _record_function(name: str, function: Callable, args: tuple,
     recorded (``function(*args, **kwargs)``: TensorFlow's path, which this runs and learns
     from); None where that does not apply (TensorFlow's path): see ``api_functions.py``."""
     if not any(_native[0].payload(v, DEVICE_NAME) is not None if type(v) is ops.EagerTensor
-               else isinstance(v, _VARIABLES) for v in (*args, *kwargs.values())):
-        return None       # no tensor of the device (eager code): nothing more to check
+               else isinstance(v, _VARIABLES) for v in (*args, *kwargs.values())) and \
+            context.context().device_name != DEVICE_NAME:
+        return None       # eager code: nothing more to check
     found: list = []      # (tensor or variable, its node or host signature, on the device)
     try:
         indices = name in api_functions.INDEX_ARGUMENTS
@@ -899,12 +900,11 @@ def _record_function(name: str, function: Callable, args: tuple,
                tuple(sorted([(k, _argument_key(v, found, indices)) for k, v in kwargs.items()])))
     except TypeError:     # an argument that is not a plain value (a shape, an int tensor)
         return None
-    if not any(on for _, _, on in found):
-        return None       # no tensor of the device: TensorFlow's path, as outside it
     seen = operators.watchers()
     ctx = _reaching_device()
-    if seen == operators.BLOCKED or ctx is None:
-        return None
+    if seen == operators.BLOCKED or ctx is None or not found or (
+            not any(on for _, _, on in found) and ctx.device_name != DEVICE_NAME):
+        return None       # host tensors outside the device's scope: TensorFlow's path
     tensors = [t for t, _, _ in found]
     if len(found) > 1:    # which arguments are the same value: part of what was recorded
         places = [_place(*f) for f in found]
@@ -967,10 +967,20 @@ def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
                 indices and t is None and sig[1] in _INDEX_ENUMS):
             raise TypeError(kind)
         return "tensor", t is not None, sig
+    return _python_key(value)
+
+
+def _python_key(value: Any) -> tuple:
+    """A Python argument by its value and type: a number, flag, name, dtype, ``...``, a slice
+    of them, or a list or tuple of these (an index ``x[1:, ..., 0]``); TypeError for anything
+    else."""
+    kind = type(value)
     if kind in _ARGUMENT_TYPES:
         return kind, value
-    if kind in (list, tuple) and all(type(v) in _ARGUMENT_TYPES for v in value):
-        return kind, tuple((type(v), v) for v in value)
+    if kind is slice:
+        return kind, _python_key(value.start), _python_key(value.stop), _python_key(value.step)
+    if kind in (list, tuple):
+        return kind, tuple([_python_key(v) for v in value])
     raise TypeError(kind)
 
 
