@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -254,12 +254,19 @@ def on_host() -> Iterator[None]:
     being traced)."""
     # Not ops.init_scope(): it stops gradient recording, and the program's replay traces
     # tf.GradientTapes of its own.
+    ctx = context.context()
+    if ctx.executing_eagerly():   # (every barrier of an eager program: the scope alone)
+        with ctx.device(HOST):
+            yield
+        return
     with context.eager_mode(), ops.device(HOST):
         yield
 
 
-def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
+def barrier(cause: str | Callable[[], str] = "mark_step", wait_for_results: bool = True) -> None:
     """Compute all live pending tensors and pending variable updates in one compiled program.
+    ``cause`` names the barrier in messages; a callable is called only when one is shown (a
+    forcing point's names its user's line: a stack walk).
 
     With ``wait_for_results=False`` a cached program runs on a background thread (the XLA run
     releases the GIL), so Python records the next step meanwhile; its results are waited for
@@ -269,7 +276,7 @@ def barrier(cause: str = "mark_step", wait_for_results: bool = True) -> None:
         _barrier(cause, wait_for_results)
 
 
-def _barrier(cause: str, wait_for_results: bool) -> None:
+def _barrier(cause: str | Callable[[], str], wait_for_results: bool) -> None:
     for check in BARRIER_CHECKS:
         check()
     wait()  # the running program's outputs and variable updates are this one's inputs
@@ -365,7 +372,7 @@ def _run_async(fn: Any, prog: ir.Program, scalars: tf.Tensor, where: str) -> lis
                                f"at {where} failed: {str(e).splitlines()[0]}") from e
 
 
-def _execute(prog: ir.Program, cause: str) -> list:
+def _execute(prog: ir.Program, cause: str | Callable[[], str]) -> list:
     fn = _cache.get(prog.key)
     first = fn is None
     if first:
@@ -432,7 +439,8 @@ def _why(prog: ir.Program, cause: str) -> str:
     return text
 
 
-def _compile(prog: ir.Program, cause: str) -> Any:
+def _compile(prog: ir.Program, cause: str | Callable[[], str]) -> Any:
+    cause = cause if isinstance(cause, str) else cause()
     why = _why(prog, cause)
     if CONFIG.max_graphs is not None and _compiled_total[0] >= CONFIG.max_graphs:
         raise LazyRecompilationError(

@@ -382,7 +382,7 @@ def force(t: LazyTensor, cause: str | Callable[[], str]) -> tf.Tensor:
     READS[0] += 1
     if t._pending() and t._node.op != "var":  # a variable's current value needs no program
         metrics.bump("forced")
-        runtime.barrier(cause if isinstance(cause, str) else cause())
+        runtime.barrier(cause)
     return runtime._eager(t)
 
 
