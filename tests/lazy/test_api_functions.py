@@ -401,3 +401,47 @@ def test_an_index_argument_whose_value_is_folded_or_baked_is_not_learnt(monkeypa
 
     eager, lz, _ = eager_then_lazy(run)
     _assert_like_eager(lz, eager, 1e-6)
+
+
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_gathers_and_one_hots_take_new_index_batches_every_call(index_dtype, monkeypatch):
+    """Host batches of indices and labels whose values change every call: gathered rows and
+    columns of device tensors and of a variable, one-hot labels in a loss; the eager values
+    and gradients, TensorFlow's wrappers skipped after the first call."""
+    rng = np.random.default_rng(23)
+    x0, v0 = random_array(rng, (6, 5)), random_array(rng, (6, 5))
+    with tf.device("CPU:0"):
+        batches = [(tf.constant(rng.integers(0, 6, 4), index_dtype),
+                    tf.constant(rng.integers(0, 5, 3), index_dtype),
+                    tf.constant(rng.integers(0, 5, 6), index_dtype)) for _ in range(4)]
+
+    def run(on_device, gradients=True):
+        x, v = tf.constant(x0) * 1.0, tf.Variable(v0)
+        out = []
+        for rows, cols, labels in batches:
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                picked = tf.gather(x, rows)
+                columns = tf.gather(x, cols, axis=1)
+                onehot = tf.one_hot(labels, 5, dtype=x.dtype)
+                loss = tf.reduce_sum(picked ** 2) + tf.reduce_sum(columns * 0.5) + \
+                    tf.reduce_sum(onehot * x) + tf.reduce_sum(tf.gather(v, rows)) + \
+                    tf.reduce_sum(tf.gather(x, [0, 2]))
+            out += [picked, columns, onehot, loss]
+            if gradients:      # (TensorFlow's backward of a gather gathers too)
+                out += map(tf.convert_to_tensor, tape.gradient(loss, [x, v]))  # (v's: slices)
+        if on_device:
+            lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, metrics = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-6)
+    assert not any(k.startswith("fallback") for k in metrics)
+    seen = []      # eager calls (the compiled program's trace calls them too: not counted)
+    for name in ("gather_v2", "one_hot"):
+        original = getattr(gen_array_ops, name)
+        monkeypatch.setattr(gen_array_ops, name, lambda *a, _o=original, **k: (
+            tf.executing_eagerly() and seen.append(1)) or _o(*a, **k))
+    with lazy.device():
+        run(True, gradients=False)
+    assert not seen

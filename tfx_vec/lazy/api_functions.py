@@ -63,16 +63,18 @@ FUNCTIONS = {
     "nn.softmax_cross_entropy_with_logits": (nn_ops, "softmax_cross_entropy_with_logits_v2"),
     "nn.sparse_softmax_cross_entropy_with_logits":
         (nn_ops, "sparse_softmax_cross_entropy_with_logits_v2"),
+    "gather": (array_ops, "gather_v2"), "one_hot": (array_ops, "one_hot"),
 }
 # Tensor methods -> (TensorFlow's class defining them, the name there): installed on eager
 # tensors.  ``x[0]``, ``x[:, 1:]``: TensorFlow's slicing builds its begin, end and strides
 # from the Python index through about 80 µs of Python (a loss picking a column, a step taking
 # the first row of a batch).
 METHODS = {"Tensor.__getitem__": (tensor_lib.Tensor, "__getitem__")}
-# The functions whose integer tensor arguments (host batches of labels) TensorFlow's path only
-# passes to ops as data (never reads in Python): a template takes them by signature, like a
-# float batch.
-INDEX_ARGUMENTS = frozenset({"nn.sparse_softmax_cross_entropy_with_logits"})
+# The functions whose integer tensor arguments (host batches of labels or indices) TensorFlow's
+# path only passes to ops as data (never reads in Python): a template takes them by
+# signature, like a float batch.
+INDEX_ARGUMENTS = frozenset({"nn.sparse_softmax_cross_entropy_with_logits", "gather",
+                             "one_hot"})
 # ``record(function name, TensorFlow's function, positional arguments, keyword arguments)``:
 # the device's answer (after calling the function itself, where it learns from that), or None
 # for TensorFlow's path.
