@@ -445,3 +445,33 @@ def test_gathers_and_one_hots_take_new_index_batches_every_call(index_dtype, mon
     with lazy.device():
         run(True, gradients=False)
     assert not seen
+
+
+def test_integer_and_bool_tensors_of_the_device_are_taken_where_they_are_computed():
+    """An accuracy's comparisons, argmaxes and casts on the device (computed in the step, or
+    read back by a barrier and reused: then their values are known, and a first call that
+    folded them would bake them), with new values every round: the eager results."""
+    rng = np.random.default_rng(29)
+    xs = [random_array(rng, (2, 3, 4)) for _ in range(4)]
+    with tf.device("CPU:0"):
+        labels = [tf.constant(rng.integers(0, 4, (2, 3))) for _ in range(4)]
+
+    def run(on_device):
+        out, previous = [], None
+        for x0, y in zip(xs, labels):
+            x = tf.constant(x0) * 1.0
+            predicted = tf.argmax(x, axis=-1)
+            hits = tf.equal(predicted, y)
+            out += [tf.cast(x > 0.0, tf.float32), tf.cast(hits, x.dtype),
+                    tf.reduce_mean(tf.cast(tf.not_equal(predicted, y), tf.float32)),
+                    tf.reduce_sum(tf.cast(hits, tf.int32))]
+            if previous is not None:    # last round's argmax, now a value read back
+                out.append(tf.nn.sparse_softmax_cross_entropy_with_logits(previous, x))
+                out.append(tf.cast(tf.equal(previous, predicted), tf.float32))
+            previous = predicted
+            if on_device:
+                lazy.mark_step()
+        return [o.numpy() for o in out]
+
+    eager, lz, _ = eager_then_lazy(run)
+    _assert_like_eager(lz, eager, 1e-6)

@@ -64,6 +64,7 @@ FUNCTIONS = {
     "nn.sparse_softmax_cross_entropy_with_logits":
         (nn_ops, "sparse_softmax_cross_entropy_with_logits_v2"),
     "gather": (array_ops, "gather_v2"), "one_hot": (array_ops, "one_hot"),
+    "equal": (math_ops, "equal"), "not_equal": (math_ops, "not_equal"),
 }
 # Tensor methods -> (TensorFlow's class defining them, the name there): installed on eager
 # tensors.  ``x[0]``, ``x[:, 1:]``: TensorFlow's slicing builds its begin, end and strides
@@ -74,7 +75,7 @@ METHODS = {"Tensor.__getitem__": (tensor_lib.Tensor, "__getitem__")}
 # path only passes to ops as data (never reads in Python): a template takes them by
 # signature, like a float batch.
 INDEX_ARGUMENTS = frozenset({"nn.sparse_softmax_cross_entropy_with_logits", "gather",
-                             "one_hot"})
+                             "one_hot", "equal", "not_equal"})
 # ``record(function name, TensorFlow's function, positional arguments, keyword arguments)``:
 # the device's answer (after calling the function itself, where it learns from that), or None
 # for TensorFlow's path.

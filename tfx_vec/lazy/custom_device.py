@@ -867,6 +867,7 @@ _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.
                              dtypes.DType, type(Ellipsis)})
 _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
 _INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
+_COMPUTED_ENUMS = _INDEX_ENUMS | {tf.bool.as_datatype_enum}
 # While a first call learns: the host buffers of its integer tensor arguments.  Their values
 # may differ next call, so a fold or bake of one (which a template would repeat as a
 # constant) counts as a host run: the call is not learnt.
@@ -910,6 +911,9 @@ def _record_function(name: str, function: Callable, args: tuple,
         places = [_place(*f) for f in found]
         key += (tuple([places.index(p) for p in places]),)
     if key not in _templates:
+        if any(on and n.sig[1] in _COMPUTED_ENUMS and n.op in ir.LEAF_OPS for _, n, on in found):
+            # the values of an integer or bool leaf are known: TensorFlow's path may fold them
+            return function(*args, **kwargs)      # (learnt from a call on computed ones)
         before = (metrics._counters["barriers"], READS[0], _host_runs[0])
         serial = next(ir.serials)
         guarded = _value_guard[0]
@@ -939,11 +943,12 @@ def _record_function(name: str, function: Callable, args: tuple,
 
 
 def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
-    """A function argument as part of a key: a float tensor or variable of the device, or a
-    float host tensor of rank 1 or more (a batch; with ``indices``, an int32/int64 one too: a
-    batch of labels), by its signature (appended to ``found``), a Python value (a number,
-    flag, name, dtype, or list of them) by its value and type (``np.int64`` axes give another
-    constant than ``int`` ones); TypeError for anything else."""
+    """A function argument as part of a key: a float tensor or variable of the device (or an
+    int32, int64 or bool tensor of the device: a comparison, an argmax), or a float host
+    tensor of rank 1 or more (a batch; with ``indices``, an int32/int64 one too: a batch of
+    labels), by its signature (appended to ``found``), a Python value (a number, flag, name,
+    dtype, or list of them) by its value and type (``np.int64`` axes give another constant
+    than ``int`` ones); TypeError for anything else."""
     kind = type(value)
     if isinstance(value, _VARIABLES):   # read by TensorFlow's conversion: its current value
         state = _readable_state(value)
@@ -964,7 +969,8 @@ def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
         else:
             raise TypeError(kind)
         if sig[1] not in _OPERATOR_ENUMS and not (
-                indices and t is None and sig[1] in _INDEX_ENUMS):
+                t is None and indices and sig[1] in _INDEX_ENUMS) and not (
+                t is not None and sig[1] in _COMPUTED_ENUMS):
             raise TypeError(kind)
         return "tensor", t is not None, sig
     return _python_key(value)
