@@ -475,3 +475,24 @@ def test_integer_and_bool_tensors_of_the_device_are_taken_where_they_are_compute
 
     eager, lz, _ = eager_then_lazy(run)
     _assert_like_eager(lz, eager, 1e-6)
+
+
+def test_slicing_follows_numpy_behaviour_while_it_is_on(monkeypatch):
+    """``x[[2, 0]]`` is an element in TensorFlow's slicing and two rows under NumPy behaviour,
+    which TensorFlow switches by a global flag: a slice learnt in one mode is never replayed
+    in the other."""
+    import tensorflow.experimental.numpy  # noqa: F401  (NumPy-style slicing's methods)
+    from tensorflow.python.framework import ops
+    x0 = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
+    with lazy.device():
+        x = tf.constant(x0) * 1.0
+        element = [x[[2, 0]] for _ in range(3)]          # the first shows the op
+        monkeypatch.setattr(ops, "_numpy_style_slicing", True)
+        rows = [x[[2, 0]] for _ in range(3)]
+        monkeypatch.setattr(ops, "_numpy_style_slicing", False)
+        element.append(x[[2, 0]])
+        lazy.mark_step()
+    for e in element:
+        assert e.numpy() == 5.0
+    for r in rows:
+        np.testing.assert_array_equal(r.numpy(), x0[[2, 0]])

@@ -1,6 +1,6 @@
-"""TensorFlow's reductions, reshapes, casts, products, activations and losses on the lazy
-device, recorded without their Python wrappers once TensorFlow's own path has shown what they
-record.
+"""TensorFlow's reductions, reshapes, casts, products, activations, losses, gathers and
+slicing on the lazy device, recorded without their Python wrappers once TensorFlow's own path
+has shown what they record.
 
 ``tf.reduce_mean(x)`` runs about 50 µs of Python before the device records one op: the
 deprecation and dispatch wrappers, the reduction axes worked out and converted to a host
@@ -105,12 +105,21 @@ def install(record: Record) -> None:
                 if value is original:
                     setattr(module, held, wrapper)
     for name, (cls, attribute) in METHODS.items():
-        setattr(ops.EagerTensor, attribute, _wrapper(name, getattr(cls, attribute), record))
+        setattr(ops.EagerTensor, attribute,
+                _wrapper(name, getattr(cls, attribute), record, _tensorflow_slicing))
 
 
-def _wrapper(name: str, original: Callable, record: Record) -> Callable:
+def _wrapper(name: str, original: Callable, record: Record,
+             offered: Callable[[], bool] = lambda: True) -> Callable:
+    """``original`` offered to ``record`` first, while ``offered()``."""
     @functools.wraps(original)
     def function(*args, **kwargs):
-        out = record(name, original, args, kwargs)
+        out = record(name, original, args, kwargs) if offered() else None
         return original(*args, **kwargs) if out is None else out
     return function
+
+
+def _tensorflow_slicing() -> bool:
+    """False under NumPy behaviour (``tf.experimental.numpy.experimental_enable_numpy_behavior``),
+    whose slicing TensorFlow's ``__getitem__`` switches to by a flag a key would not see."""
+    return not getattr(ops, "_numpy_style_slicing", False)

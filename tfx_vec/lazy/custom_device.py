@@ -866,6 +866,7 @@ _templates: dict = {}
 _ARGUMENT_TYPES = frozenset({type(None), bool, int, str, np.bool_, np.int32, np.int64,
                              dtypes.DType, type(Ellipsis)})
 _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot replay them
+_VARIABLES = resource_variable_ops.BaseResourceVariable
 _INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
 _COMPUTED_ENUMS = _INDEX_ENUMS | {tf.bool.as_datatype_enum}
 # While a first call learns: the host buffers of its integer tensor arguments.  Their values
@@ -881,7 +882,6 @@ def _note_value_use(tensors: Any) -> None:
     if guard is not None and any(type(x) is ops.EagerTensor and _buffer(x) in guard
                                  for x in tensors):
         _host_runs[0] += 1
-_VARIABLES = resource_variable_ops.BaseResourceVariable
 
 
 def _record_function(name: str, function: Callable, args: tuple,
