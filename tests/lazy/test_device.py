@@ -408,6 +408,33 @@ def test_out_of_range_gather_and_integer_division_by_zero_follow_xla():
     np.testing.assert_array_equal(div, [-1])
     with pytest.raises(tf.errors.InvalidArgumentError):
         tf.gather(params, idx)                                            # eager raises
+
+
+def test_a_negative_zero_operand_keeps_its_sign_once_its_op_is_known():
+    """``x / -0.0`` on the device is IEEE's (``-inf`` for a positive ``x``), as NumPy computes
+    it, in every step after an op's first recording; eager TensorFlow converts a Python -0.0
+    through a scalar cache that hands back an earlier 0.0 of the same dtype."""
+    x = np.array([1.0, -2.0], np.float32)
+    with lazy.device():
+        t = tf.constant(x) * 1.0
+        steps = []
+        for _ in range(3):
+            steps.append([t + 0.0, t / -0.0, t / 0.0, t * -0.0])
+            lazy.mark_step()
+    with np.errstate(divide="ignore"):
+        expected = [x + 0.0, x / np.float32(-0.0), x / np.float32(0.0), x * np.float32(-0.0)]
+    for step in steps[1:]:
+        for got, want in zip(step, expected):
+            np.testing.assert_array_equal(got.numpy(), want)
+            np.testing.assert_array_equal(np.signbit(got.numpy()), np.signbit(want))
+    with lazy.device():     # one program, its scalar 0.0 then -0.0 then 0.0: its parameter
+        quotients = []
+        for zero in [0.0, -0.0, 0.0, -0.0, -0.0, 0.0]:
+            quotients.append(t / zero)
+            lazy.mark_step()
+    with np.errstate(divide="ignore"):
+        for got, zero in zip(quotients[1:], [-0.0, 0.0, -0.0, -0.0, 0.0]):
+            np.testing.assert_array_equal(got.numpy(), x / np.float32(zero))
 # }}}
 
 

@@ -353,7 +353,9 @@ def test_operator_pairs_cover_both_orders():
 
 # {{{ random programs of operators, reads and updates
 
-_NUMBER = st.one_of(st.floats(-2, 2, width=32), st.integers(-3, 3),
+# (no -0.0: eager TensorFlow converts it through a scalar cache that may hand back an earlier
+# 0.0; the device keeps its sign, see test_device.py)
+_NUMBER = st.one_of(st.floats(-2, 2, width=32).map(lambda v: v if v else 0.0), st.integers(-3, 3),
                     st.floats(0.125, 2, width=32).map(np.float32),
                     st.floats(0.1, 2).map(np.float64), st.integers(1, 4).map(np.int64))
 _STEP = st.one_of(

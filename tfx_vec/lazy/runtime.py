@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import sys
 import time
@@ -416,7 +417,8 @@ _last_scalars: list = [None, None]  # (values, tensor): a training loop repeats 
 
 def _scalar_vector(values: list) -> tf.Tensor:
     """The program's Python scalars as one float64 vector (reused while they repeat)."""
-    key = tuple(values)
+    # keyed with each zero's sign: -0.0 == 0.0, and x / -0.0 is not x / 0.0
+    key = tuple([(v, math.copysign(1.0, v)) if v == 0 else v for v in values])
     if key != _last_scalars[0]:
         _last_scalars[0], _last_scalars[1] = key, tf.constant(values, tf.float64, shape=[len(key)])
     return _last_scalars[1]
