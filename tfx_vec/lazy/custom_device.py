@@ -871,17 +871,19 @@ _INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
 _COMPUTED_ENUMS = _INDEX_ENUMS | {tf.bool.as_datatype_enum}
 # While a first call learns: the host buffers of its integer tensor arguments.  Their values
 # may differ next call, so a fold or bake of one (which a template would repeat as a
-# constant) counts as a host run: the call is not learnt.
+# constant) makes the call's key one never replayed (TensorFlow's path does the same for
+# the same arguments every call).
 _value_guard: list = [None]
+_value_uses = [0]    # such folds and bakes
 
 
 def _note_value_use(tensors: Any) -> None:
     """A host computation or constant is being made of the values of host ``tensors``: when
-    one is an integer argument of a function call being learnt, that call is not learnt."""
+    one is an integer argument of a function call being learnt, that call is not replayed."""
     guard = _value_guard[0]
     if guard is not None and any(type(x) is ops.EagerTensor and _buffer(x) in guard
                                  for x in tensors):
-        _host_runs[0] += 1
+        _value_uses[0] += 1
 
 
 def _record_function(name: str, function: Callable, args: tuple,
@@ -915,6 +917,7 @@ def _record_function(name: str, function: Callable, args: tuple,
             # the values of an integer or bool leaf are known: TensorFlow's path may fold them
             return function(*args, **kwargs)      # (learnt from a call on computed ones)
         before = (metrics._counters["barriers"], READS[0], _host_runs[0])
+        uses = _value_uses[0]
         serial = next(ir.serials)
         guarded = _value_guard[0]
         if indices:
@@ -927,10 +930,9 @@ def _record_function(name: str, function: Callable, args: tuple,
         if before == (metrics._counters["barriers"], READS[0], _host_runs[0]):
             if len(_templates) >= raw.SPECS_MAX:
                 _templates.clear()
-            _templates[key] = _learn(found, serial, out)
-        # else a barrier, a value read, a host op or a host computation on an index
-        # argument's values ran inside (a forward accumulator's derivative, a graph-size cut):
-        # learnt from a later call
+            _templates[key] = None if _value_uses[0] != uses else _learn(found, serial, out)
+        # else a barrier, a value read or a host op ran inside (a forward accumulator's
+        # derivative, a graph-size cut): learnt from a later call
         return out
     template = _templates[key]
     if template is None or (seen == operators.TAPED and not template.taped):
