@@ -869,6 +869,8 @@ _host_runs = [0]     # ops run on the host (_run_on_host): a template cannot rep
 _VARIABLES = resource_variable_ops.BaseResourceVariable
 _INDEX_ENUMS = frozenset({tf.int32.as_datatype_enum, tf.int64.as_datatype_enum})
 _COMPUTED_ENUMS = _INDEX_ENUMS | {tf.bool.as_datatype_enum}
+_DEVICE_ARGUMENT_ENUMS = _OPERATOR_ENUMS | _COMPUTED_ENUMS   # device tensors taken
+_INDEX_ARGUMENT_ENUMS = _OPERATOR_ENUMS | _INDEX_ENUMS       # host ones, for INDEX_ARGUMENTS
 # While a first call learns: the host buffers of its integer tensor arguments.  Their values
 # may differ next call, so a fold or bake of one (which a template would repeat as a
 # constant) makes the call's key one never replayed (TensorFlow's path does the same for
@@ -913,27 +915,7 @@ def _record_function(name: str, function: Callable, args: tuple,
         places = [_place(*f) for f in found]
         key += (tuple([places.index(p) for p in places]),)
     if key not in _templates:
-        if any(on and n.sig[1] in _COMPUTED_ENUMS and n.op in ir.LEAF_OPS for _, n, on in found):
-            # the values of an integer or bool leaf are known: TensorFlow's path may fold them
-            return function(*args, **kwargs)      # (learnt from a call on computed ones)
-        before = (metrics._counters["barriers"], READS[0], _host_runs[0])
-        uses = _value_uses[0]
-        serial = next(ir.serials)
-        guarded = _value_guard[0]
-        if indices:
-            _value_guard[0] = (guarded or frozenset()) | {
-                _buffer(t) for t, sig, on in found if not on and sig[1] in _INDEX_ENUMS}
-        try:
-            out = function(*args, **kwargs)
-        finally:
-            _value_guard[0] = guarded
-        if before == (metrics._counters["barriers"], READS[0], _host_runs[0]):
-            if len(_templates) >= raw.SPECS_MAX:
-                _templates.clear()
-            _templates[key] = None if _value_uses[0] != uses else _learn(found, serial, out)
-        # else a barrier, a value read or a host op ran inside (a forward accumulator's
-        # derivative, a graph-size cut): learnt from a later call
-        return out
+        return _first_call(key, function, args, kwargs, found, indices)
     template = _templates[key]
     if template is None or (seen == operators.TAPED and not template.taped):
         return None
@@ -942,6 +924,33 @@ def _record_function(name: str, function: Callable, args: tuple,
                for t in tensors]
     return template.replay(tensors, [n if on else _node_of(t, n) for t, n, on in found],
                            seen, ctx)
+
+
+def _first_call(key: tuple, function: Callable, args: tuple, kwargs: dict, found: list,
+                indices: bool) -> Any:
+    """``function(*args, **kwargs)`` by TensorFlow's path, its template kept under ``key``
+    when what it recorded can be replayed (see :func:`_record_function`)."""
+    if any(on and n.sig[1] in _COMPUTED_ENUMS and n.op in ir.LEAF_OPS for _, n, on in found):
+        # the values of an integer or bool leaf are known: TensorFlow's path may fold them
+        return function(*args, **kwargs)      # (learnt from a call on computed ones)
+    before = (metrics._counters["barriers"], READS[0], _host_runs[0])
+    uses = _value_uses[0]
+    serial = next(ir.serials)
+    guarded = _value_guard[0]
+    if indices:
+        _value_guard[0] = (guarded or frozenset()) | {
+            _buffer(t) for t, sig, on in found if not on and sig[1] in _INDEX_ENUMS}
+    try:
+        out = function(*args, **kwargs)
+    finally:
+        _value_guard[0] = guarded
+    if before == (metrics._counters["barriers"], READS[0], _host_runs[0]):
+        if len(_templates) >= raw.SPECS_MAX:
+            _templates.clear()
+        _templates[key] = None if _value_uses[0] != uses else _learn(found, serial, out)
+    # else a barrier, a value read or a host op ran inside (a forward accumulator's
+    # derivative, a graph-size cut): learnt from a later call
+    return out
 
 
 def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
@@ -970,9 +979,8 @@ def _argument_key(value: Any, found: list, indices: bool = False) -> tuple:
             found.append((value, sig, False))
         else:
             raise TypeError(kind)
-        if sig[1] not in _OPERATOR_ENUMS and not (
-                t is None and indices and sig[1] in _INDEX_ENUMS) and not (
-                t is not None and sig[1] in _COMPUTED_ENUMS):
+        if sig[1] not in (_DEVICE_ARGUMENT_ENUMS if t is not None else
+                          _INDEX_ARGUMENT_ENUMS if indices else _OPERATOR_ENUMS):
             raise TypeError(kind)
         return "tensor", t is not None, sig
     return _python_key(value)
