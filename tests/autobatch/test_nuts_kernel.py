@@ -93,6 +93,19 @@ def test_subtrees_built_in_one_block_give_the_recursions_draws(runtime):
         _assert_same(got, want, *((1e-6, 1e-6) if runtime == "xla" else (0, 0)))
 
 
+@pytest.mark.parametrize("runtime", ["xla", "xla:earliest", "program_counter"])
+def test_subtrees_computed_for_the_chains_at_them_give_the_same_draws(monkeypatch, runtime):
+    """Gathering the chains at an unrolled subtree (as from GATHERED_SUBTREE_MIN_CHAINS
+    chains on) changes which rows are computed, not the draws."""
+    want = _run_steps(runtime, num_trajectories_per_step=2, unrolled_subtree_depth=2)
+    monkeypatch.setattr(nuts, "GATHERED_SUBTREE_MIN_CHAINS", 2)
+    kernel = NoUTurnSampler(_two_part_log_prob, 0.3, unrolled_subtree_depth=2)
+    kernel._program(nuts._StateSpec(_two_part_state(), 1), batched=True)
+    assert [k[-1] for k in kernel._programs] == [True]  # gathered at CHAINS chains
+    got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_subtree_depth=2)
+    _assert_same(got, want, 1e-6, 1e-6)
+
+
 def test_tracing_a_step_runs_the_targets_python_once_per_use():
     """Tracing a step runs the target's Python twice (the bootstrap's gradient, the block of a
     subtree's leaves), not once per leaf: the leaves are calls of one function.  (With the

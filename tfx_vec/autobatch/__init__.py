@@ -7,6 +7,8 @@ Public names:
 
 * :func:`function` (``@ab.function``): the decorator; :class:`AutobatchFunction` what it makes;
 * :func:`describe`: print a batched function's compiled program;
+* :func:`on_active_members`: mark an expensive function of a program to be computed only for
+  the members at the block calling it (gathered in chunks; program-counter runtime);
 * :class:`NoUTurnSampler`: a recursive NUTS batched by this compiler, as a TFP
   ``TransitionKernel`` (imported on first use: it needs TensorFlow Probability), and
   :func:`windowed_adaptive_nuts`: its warm-up of step size and diagonal mass matrix;
@@ -30,8 +32,9 @@ Example:
 from .api import AutobatchFunction, describe, function
 from .errors import (AutobatchError, MaxStepsExceededError, PrimitiveError, StackOverflowError,
                      TypeInferenceError, UnsupportedSyntaxError)
+from .gathered import on_active_members
 
-__all__ = ["function", "describe", "AutobatchFunction", "NoUTurnSampler",
+__all__ = ["function", "describe", "on_active_members", "AutobatchFunction", "NoUTurnSampler",
            "windowed_adaptive_nuts", "AutobatchError", "UnsupportedSyntaxError",
            "TypeInferenceError", "StackOverflowError", "MaxStepsExceededError", "PrimitiveError"]
 

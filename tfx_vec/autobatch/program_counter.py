@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from . import ir
 from .errors import MaxStepsExceededError, StackOverflowError, TypeInferenceError
+from .gathered import running_members
 from .types import (fit, leading, qualified_types, run_primitive, select, spec_of, stateless,
                     zeros_of)
 
@@ -319,9 +320,10 @@ class _Machine:
 
         for op in b.ops:
             if isinstance(op, ir.Primitive):
-                outs = run_primitive(op, [read(v) for v in op.inputs], batch,
-                                     [self.types[v] for v in op.outputs])
                 when = ir.when_mask(op, lambda c: tf.cast(read(c), tf.bool), tf.logical_and)
+                with running_members(active if when is None else active & when):
+                    outs = run_primitive(op, [read(v) for v in op.inputs], batch,
+                                         [self.types[v] for v in op.outputs])
                 for v, new in zip(op.outputs, outs):
                     if self.p.allocation[v] == ir.TEMPORARY:
                         temps[v] = new if when is None or v not in temps else select(

@@ -89,8 +89,11 @@ def _signature(flat: Sequence[Any]) -> tuple | None:
                  for x in flat)
 
 
-def record(fn: Callable, graph: func_graph.FuncGraph, inputs: Sequence[Any], outputs: Any) -> None:
-    """Keep ``outputs = fn(*inputs)``, just traced in ``graph`` on placeholders ``inputs``."""
+def record(fn: Callable, graph: func_graph.FuncGraph, inputs: Sequence[Any], outputs: Any,
+           replayable: bool = True) -> None:
+    """Keep ``outputs = fn(*inputs)``, just traced in ``graph`` on placeholders ``inputs``;
+    not ``replayable``: only whether it is stateful (its operations depend on more than the
+    inputs' shapes and dtypes)."""
     stateful = any(op._is_stateful for op in graph.get_operations())  # no public equivalent
     flat_in = tf.nest.flatten(inputs)
     signature = _signature(flat_in)
@@ -112,7 +115,8 @@ def record(fn: Callable, graph: func_graph.FuncGraph, inputs: Sequence[Any], out
     except TypeError:  # not weakly referenceable: neither replayed nor known stateless
         return
     # only a trace made under a function trace can be replayed (see replay)
-    if signature is not None and isinstance(graph.outer_graph, func_graph.FuncGraph) and \
+    if replayable and signature is not None and \
+            isinstance(graph.outer_graph, func_graph.FuncGraph) and \
             not graph.deferred_external_captures:
         traces[signature] = _Trace(graph, [x.name for x in flat_in], leaves, outputs)
 

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
 
-from . import ir, replay
+from . import gathered, ir, replay
 from .errors import AutobatchError, PrimitiveError, TypeInferenceError
 
 __all__ = ["run_primitive", "fit", "select", "spec_of", "weak_of", "infer_types",
@@ -299,13 +299,15 @@ class _Inference:
 
     def _trace(self, prim: ir.Primitive, specs: tuple) -> tuple:
         """The outputs of ``prim`` traced on placeholders of ``specs`` (literals kept), kept
-        for :mod:`.replay`."""
+        for :mod:`.replay` unless it calls a function that a runtime builds differently
+        (:func:`.gathered.on_active_members`: for the members a block runs for)."""
         graph = func_graph.FuncGraph(f"autobatch_types_{prim.loc}")
+        calls = gathered.calls()
         with graph.as_default():
             args = [tf.nest.map_structure(
                 lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), spec) for spec in specs]
             outs = prim.fn(*args)
-        replay.record(prim.fn, graph, args, outs)
+        replay.record(prim.fn, graph, args, outs, replayable=gathered.calls() == calls)
         return outs
 
     def primitive(self, fname: str, prim: ir.Primitive) -> None:
