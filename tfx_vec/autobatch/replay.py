@@ -91,9 +91,9 @@ def _signature(flat: Sequence[Any]) -> tuple | None:
 
 def record(fn: Callable, graph: func_graph.FuncGraph, inputs: Sequence[Any], outputs: Any,
            replayable: bool = True) -> None:
-    """Keep ``outputs = fn(*inputs)``, just traced in ``graph`` on placeholders ``inputs``;
-    not ``replayable``: only whether it is stateful (its operations depend on more than the
-    inputs' shapes and dtypes)."""
+    """Keep ``outputs = fn(*inputs)``, just traced in ``graph`` on placeholders ``inputs``.
+    ``replayable=False`` (a runtime builds ``fn`` differently from this trace): note only
+    whether it made a stateful op, keep no trace to replay."""
     stateful = any(op._is_stateful for op in graph.get_operations())  # no public equivalent
     flat_in = tf.nest.flatten(inputs)
     signature = _signature(flat_in)
