@@ -803,9 +803,8 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
     """
     leaf = functools.partial(_small_tree, functools.partial(_leaf, vg, unrolled, max_energy_diff),
                              subtree_depth)
-    if gathered:
-        leaf = on_active_members(leaf, chunks=GATHERED_SUBTREE_CHUNKS,
-                                 min_batch=GATHERED_SUBTREE_MIN_CHAINS)
+    if gathered:  # decided from the number of chains (NoUTurnSampler._program)
+        leaf = on_active_members(leaf, chunks=GATHERED_SUBTREE_CHUNKS, min_batch=1)
     extend = functools.partial(_extend_trajectory, max_tree_depth)
     finish = functools.partial(_finish_trajectory, unrolled)
 
@@ -1281,6 +1280,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def _program(self, spec: _StateSpec, batched: bool) -> Callable:
         subtree_depth = self._subtree_depth(spec)
         one_trajectory = self.num_trajectories_per_step == 1 and not self.run_ahead
+        # decided here rather than by on_active_members' min_batch: an unmarked leaf keeps
+        # type inference's trace replayable
         gathered = batched and subtree_depth > 0 and isinstance(spec.chains, int) and \
             spec.chains >= GATHERED_SUBTREE_MIN_CHAINS
         key = (spec.key, batched, subtree_depth, one_trajectory, gathered)
