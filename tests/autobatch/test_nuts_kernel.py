@@ -101,10 +101,31 @@ def test_subtrees_computed_for_the_chains_at_them_give_the_same_draws(monkeypatc
     monkeypatch.setattr(nuts, "GATHERED_SUBTREE_MIN_CHAINS", 2)
     kernel = NoUTurnSampler(_two_part_log_prob, 0.3, unrolled_subtree_depth=2)
     kernel._program(nuts._StateSpec(_two_part_state(), 1), batched=True)
-    assert [k[-1] for k in kernel._programs] == [True]  # gathered at CHAINS chains
+    assert _gathered(kernel) == [True]  # gathered at CHAINS chains
     got = _run_steps(runtime, num_trajectories_per_step=2, unrolled_subtree_depth=2)
     _assert_same(got, want, 1e-6, 1e-6)
 
+
+
+def _gathered(kernel: NoUTurnSampler) -> list:
+    """Whether each program the kernel built gathers its subtrees (the cost keys skipped)."""
+    return [key[-1] for key in kernel._programs if key[0] != "cost"]
+
+
+def test_subtrees_are_gathered_only_where_the_gradient_is_cheap(monkeypatch):
+    """Where the gradient costs more than GATHERED_SUBTREE_GRADIENT_FLOPS_PER_DIM per chain
+    and dimension (a dense 50-d Gaussian ran 0.88x gathered) the subtree stays unrolled and
+    is computed for every chain."""
+    monkeypatch.setattr(nuts, "GATHERED_SUBTREE_MIN_CHAINS", 2)
+    spec = nuts._StateSpec(_two_part_state(), 1)
+    cheap = NoUTurnSampler(_two_part_log_prob, 0.3)
+    cheap._program(spec, batched=True)
+    assert cheap._cost(spec) < nuts.GATHERED_SUBTREE_GRADIENT_FLOPS_PER_DIM
+    assert _gathered(cheap) == [True]
+    monkeypatch.setattr(nuts, "GATHERED_SUBTREE_GRADIENT_FLOPS_PER_DIM", cheap._cost(spec))
+    costly = NoUTurnSampler(_two_part_log_prob, 0.3)
+    costly._program(spec, batched=True)
+    assert costly._subtree_depth(spec) == nuts.SUBTREE_DEPTH and _gathered(costly) == [False]
 
 def test_tracing_a_step_runs_the_targets_python_once_per_use():
     """Tracing a step runs the target's Python twice (the bootstrap's gradient, the block of a

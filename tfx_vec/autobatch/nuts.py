@@ -317,15 +317,18 @@ SUBTREE_DEPTH = 2
 SUBTREE_GRADIENT_FLOPS_PER_DIM = 1000
 
 # An unrolled subtree is computed only for the chains at it (gathered in this many chunks,
-# from this many chains on): in a loop step of the batched machine a third of the chains are
-# at a leaf, and the block's 2**SUBTREE_DEPTH leapfrogs made most of its cost.  Measured in
-# sample_chain under XLA, against computing every chain: eight schools 1.22-1.27x faster at
-# 1000 chains, 1.10x at 256, 1.02x at 100 (launch-bound); the 10-d Gaussian 1.12-1.23x at
-# 1000, 1.04x at 256.  Where the gradient is expensive (no unrolled subtree) the leaves are
-# not gathered: the dense 100-d Gaussian was level, the logistic regression at 256 chains 7%
-# slower (smaller matrix products).
+# from this many chains on, where the gradient costs under this many operations per chain and
+# dimension): in a loop step of the batched machine a third of the chains are at a leaf, and
+# the block's 2**SUBTREE_DEPTH leapfrogs made most of its cost.  Measured in sample_chain
+# under XLA, against computing every chain: eight schools (33 operations) 1.22-1.27x faster
+# at 1000 chains, 1.10x at 256, 1.02x at 100 (launch-bound); the 10-d Gaussian (18)
+# 1.12-1.23x at 1000, 1.04x at 256; dense Gaussians at 1000 chains: 25-d (110) 1.05x, 50-d
+# (210) 0.88x, 100-d (410) 0.91x and its first call a second longer (the subtree traced once
+# more).  Where the gradient is expensive (no unrolled subtree) the leaves are not gathered:
+# the logistic regression at 256 chains was 7% slower (smaller matrix products).
 GATHERED_SUBTREE_CHUNKS = 4
 GATHERED_SUBTREE_MIN_CHAINS = 256
+GATHERED_SUBTREE_GRADIENT_FLOPS_PER_DIM = 150
 
 _MATMULS = {"MatMul": "transpose_a", "BatchMatMul": "adj_x", "BatchMatMulV2": "adj_x",
             "BatchMatMulV3": "adj_x"}
@@ -1282,8 +1285,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         one_trajectory = self.num_trajectories_per_step == 1 and not self.run_ahead
         # decided here rather than by on_active_members' min_batch: an unmarked leaf keeps
         # type inference's trace replayable
-        gathered = batched and subtree_depth > 0 and isinstance(spec.chains, int) and \
-            spec.chains >= GATHERED_SUBTREE_MIN_CHAINS
+        gathered = (batched and subtree_depth > 0 and isinstance(spec.chains, int)
+                    and spec.chains >= GATHERED_SUBTREE_MIN_CHAINS
+                    and self._cost(spec) < GATHERED_SUBTREE_GRADIENT_FLOPS_PER_DIM)
         key = (spec.key, batched, subtree_depth, one_trajectory, gathered)
         if key not in self._programs:
             vg = self._value_and_grad(spec)
