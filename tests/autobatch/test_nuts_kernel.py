@@ -106,7 +106,6 @@ def test_subtrees_computed_for_the_chains_at_them_give_the_same_draws(monkeypatc
     _assert_same(got, want, 1e-6, 1e-6)
 
 
-
 def _gathered(kernel: NoUTurnSampler) -> list:
     """Whether each program the kernel built gathers its subtrees (the cost keys skipped)."""
     return [key[-1] for key in kernel._programs if key[0] != "cost"]
@@ -126,6 +125,7 @@ def test_subtrees_are_gathered_only_where_the_gradient_is_cheap(monkeypatch):
     costly = NoUTurnSampler(_two_part_log_prob, 0.3)
     costly._program(spec, batched=True)
     assert costly._subtree_depth(spec) == nuts.SUBTREE_DEPTH and _gathered(costly) == [False]
+
 
 def test_tracing_a_step_runs_the_targets_python_once_per_use():
     """Tracing a step runs the target's Python twice (the bootstrap's gradient, the block of a

@@ -323,7 +323,7 @@ SUBTREE_GRADIENT_FLOPS_PER_DIM = 1000
 # under XLA, against computing every chain: eight schools (33 operations) 1.22-1.27x faster
 # at 1000 chains, 1.10x at 256, 1.02x at 100 (launch-bound); the 10-d Gaussian (18)
 # 1.12-1.23x at 1000, 1.04x at 256; dense Gaussians at 1000 chains: 25-d (110) 1.05x, 50-d
-# (210) 0.88x, 100-d (410) 0.91x and its first call a second longer (the subtree traced once
+# (210) 0.88x, 100-d (410) 0.92x and its first call a second longer (the subtree traced once
 # more).  Where the gradient is expensive (no unrolled subtree) the leaves are not gathered:
 # the logistic regression at 256 chains was 7% slower (smaller matrix products).
 GATHERED_SUBTREE_CHUNKS = 4
