@@ -806,7 +806,8 @@ def _make_program(vg: Callable, max_tree_depth: int, max_energy_diff: float, unr
     """
     leaf = functools.partial(_small_tree, functools.partial(_leaf, vg, unrolled, max_energy_diff),
                              subtree_depth)
-    if gathered:  # decided from the number of chains (NoUTurnSampler._program)
+    # gathered: decided from the number of chains and the gradient's cost (NoUTurnSampler._program)
+    if gathered:
         leaf = on_active_members(leaf, chunks=GATHERED_SUBTREE_CHUNKS, min_batch=1)
     extend = functools.partial(_extend_trajectory, max_tree_depth)
     finish = functools.partial(_finish_trajectory, unrolled)
