@@ -68,6 +68,10 @@ SYNTAX_ERRORS = [
     ("def f(float(N) A) -> (B) { B(i) = A(i)", 1, 39, ["'}'"]),
     ("", 1, 1, ["'def'"]),
     ("def f(float(N) A) -> (B) { (B) = g(A) }", 1, 28, []),
+    # an integer with a leading zero (octal to C) wherever an integer goes
+    ("def f(float(N) A) -> (B) { B(i) = A(i) * 02 }", 1, 42, ["leading zero"]),
+    ("def f(float(03) A) -> (B) { B(i) = A(i) }", 1, 13, ["leading zero"]),
+    ("def f(float(N) A) -> (B) { B(i) = A(i) where i in 0:A.01 }", 1, 55, ["leading zero"]),
 ]
 
 

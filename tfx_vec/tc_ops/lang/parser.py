@@ -110,6 +110,16 @@ class _Parser:
                       for e in expected)
         return TcSyntaxError(what or f"unexpected {found}", t.span, self.source, names)
 
+    def integer(self, t: Token) -> int:
+        """The value of the INT token ``t``; a decimal with a leading zero (``02``) is
+        refused, as C would read it in octal."""
+        try:
+            return int(t.text, 0)
+        except ValueError:
+            raise TcSyntaxError(f"integer {t.text!r} has a leading zero; write it without one "
+                                "(integers are decimal, or hexadecimal after 0x)", t.span,
+                                self.source) from None
+
     def expect(self, *kinds: str) -> Token:
         if self.tok.kind in kinds:
             return self.advance()
@@ -196,7 +206,7 @@ class _Parser:
             if not self.at(")"):
                 while True:
                     d = self.expect("ID", "INT")
-                    dims.append(int(d.text, 0) if d.kind == "INT" else d.text)
+                    dims.append(self.integer(d) if d.kind == "INT" else d.text)
                     spans.append(d.span)
                     if not self.at(","):
                         break
@@ -326,7 +336,7 @@ class _Parser:
         t = self.tok
         if t.kind == "INT":
             self.advance()
-            return A.IntLit(int(t.text, 0), t.span)
+            return A.IntLit(self.integer(t), t.span)
         if t.kind == "FLOAT":
             self.advance()
             return A.FloatLit(float(t.text.rstrip("fF")), t.text, t.span)
@@ -350,6 +360,6 @@ class _Parser:
             if self.at(".") and self.peek().kind == "INT":
                 self.advance()
                 k = self.advance()
-                return A.DimRef(t.text, int(k.text, 0), t.span)
+                return A.DimRef(t.text, self.integer(k), t.span)
             return A.Ident(t.text, t.span)
         raise self.error(("<identifier>", "INT", "FLOAT", "(", "-", "!"))
