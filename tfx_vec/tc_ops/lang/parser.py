@@ -117,8 +117,7 @@ class _Parser:
             return int(t.text, 0)
         except ValueError:
             raise TcSyntaxError(f"integer {t.text!r} has a leading zero; write it without one "
-                                "(integers are decimal, or hexadecimal after 0x)", t.span,
-                                self.source) from None
+                                "(integers are decimal)", t.span, self.source) from None
 
     def expect(self, *kinds: str) -> Token:
         if self.tok.kind in kinds:
